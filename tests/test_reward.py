@@ -1,0 +1,305 @@
+"""reward.py: official math-verify verdicts on real gold answers and common answer forms, garbage that must
+score wrong within the deadline, hard kills, balanced scheduling, and the <think> option."""
+
+import fractions
+import json
+import math
+import os
+import random
+import signal
+import threading
+import time
+
+import pytest
+
+import reward
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHMARKS = os.path.join(ROOT, "..", "shared", "benchmarks")
+
+# Math-Verify issue #65: math-verify spends its whole timeout on this one; without one it runs on for minutes.
+HANG = r"The answer is \boxed{\dfrac{5^{\left(5^{\left(5^{\left(5^5\right)}\right)} - 4\right)} - 5}{16}}"
+TOWER = r"The answer is \boxed{9^{9^{9^{9^{9}}}}}"
+DEADLINE = 1.5  # short deadline for the pool that meets hangs
+SLACK = 1.0  # IPC, the kill and the replacement's start on a busy 2-core machine
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with reward.RewardPool(workers=2) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def fast_pool():
+    with reward.RewardPool(workers=2, deadline=DEADLINE) as p:
+        yield p
+
+
+def check(pool, cases, **kwargs):
+    """cases: (response, answer, expected score); reports every mismatch at once."""
+    scores = pool.score_batch([c[0] for c in cases], [c[1] for c in cases], **kwargs)
+    wrong = [(r, a, want, got) for (r, a, want), got in zip(cases, scores) if got != want]
+    assert not wrong, "\n".join(f"gold {a!r}: want {want:+}, got {got:+} for {r!r}" for r, a, want, got in wrong)
+
+
+# --- real gold answers --------------------------------------------------------------------------
+
+FIELDS = {  # file: how to read the gold answer (FACTS §7)
+    "aime24.jsonl": lambda row: row["meta"]["answer"],
+    "aime25.jsonl": lambda row: row["meta"]["solution"],
+    "hmmt25.jsonl": lambda row: row["answer"],
+    "math500.jsonl": lambda row: row["answer"],
+    "amc23.jsonl": lambda row: row["answer"],
+}
+
+
+def benchmark_golds():
+    golds = []
+    for name, get in FIELDS.items():
+        with open(os.path.join(BENCHMARKS, name)) as f:
+            golds += [(name, get(json.loads(line))) for line in f if line.strip()]
+    return golds
+
+
+@pytest.mark.skipif(not os.path.isdir(BENCHMARKS), reason="../shared/benchmarks not present")
+def test_every_benchmark_gold_verifies_against_itself_and_not_against_a_different_answer(pool):
+    golds = benchmark_golds()
+    assert len(golds) == 630
+    assert any(isinstance(a, float) for _, a in golds)  # AMC23 stores 27.0: normalisation is exercised
+    responses, answers, expected, where = [], [], [], []
+    for name, a in golds:
+        text = reward.normalize_answer(a)
+        cases = [
+            # Reasoning with other numbers first, then the gold: +1.
+            (f"Let me check: 12 + 30 = 42 and $\\frac{{3}}{{4}} \\cdot 8 = 6$.\n\n"
+             f"The answer is \\boxed{{{text}}}", 1.0),
+            # The gold plus one: a different value for every numeric gold; for an equation the 1 goes on the
+            # right-hand side; tuples, sets and intervals plus one are not the tuple, set or interval.
+            (f"The answer is \\boxed{{{text} + 1}}" if "=" in text else f"The answer is \\boxed{{{{{text}}} + 1}}",
+             -1.0),
+            # A fixed number that is no gold here.
+            ("The answer is \\boxed{1000003}", -1.0),
+        ]
+        for response, want in cases:
+            responses.append(response), answers.append(a), expected.append(want), where.append(name)
+    scores, stats = pool.score_batch(responses, answers, return_stats=True)
+    bad = [(w, a, r, s) for w, a, r, s, want in zip(where, answers, responses, scores, expected) if s != want]
+    assert not bad, f"{len(bad)} wrong verdicts, e.g. " + "; ".join(f"{w} gold {a!r}: {s:+} for {r[-60:]!r}"
+                                                                      for w, a, r, s in bad[:10])
+    assert stats["timeouts"] == stats["errors"] == stats["restarts"] == 0
+    assert stats["correct"] == len(golds)
+
+
+# --- answer forms ---------------------------------------------------------------------------------
+
+LONG_TRACE = ("We need the number of apples. First 12 + 30 = 42, and $\\frac{3}{4}$ of 56 is 42. "
+              "Then $x^2 = 49$ gives $x = 7$, so 7 boxes of 3 hold 21. Adding the 6 spare ones, 21 + 6 = 27.\n\n"
+              "**Final answer.** \\boxed{27}")
+
+
+def test_answer_forms(pool):
+    check(pool, [
+        # fractions and decimals
+        (r"The answer is \boxed{\frac{1}{2}}", "0.5", 1.0),
+        (r"The answer is \boxed{0.5}", r"\frac{1}{2}", 1.0),
+        (r"The answer is \boxed{0.5}", r"\frac{1}{3}", -1.0),
+        # tuples and intervals: order and bracket type matter
+        (r"So \boxed{(3, \frac{\pi}{2})}", r"\left( 3, \frac{\pi}{2} \right)", 1.0),
+        (r"So \boxed{(\frac{\pi}{2}, 3)}", r"\left( 3, \frac{\pi}{2} \right)", -1.0),
+        (r"So \boxed{(3, \pi)}", r"\left( 3, \frac{\pi}{2} \right)", -1.0),
+        (r"So \boxed{(2, \infty)}", r"(2,\infty)", 1.0),
+        (r"So \boxed{[2, \infty)}", r"(2,\infty)", -1.0),
+        (r"So \boxed{(-\infty, 0]}", r"(-\infty, 0]", 1.0),
+        (r"So \boxed{(-\infty, 0)}", r"(-\infty, 0]", -1.0),
+        # x = 3 against 3, both ways
+        (r"Hence \boxed{x = 3}", "3", 1.0),
+        ("Solving, we find x = 3.", 3, 1.0),
+        (r"Hence \boxed{3}", "x=3", 1.0),
+        (r"Hence \boxed{x = 4}", "3", -1.0),
+        # percent
+        (r"So \boxed{50\%}", r"50\%", 1.0),
+        (r"So \boxed{50\%}", "50", 1.0),
+        (r"So \boxed{60\%}", r"50\%", -1.0),
+        # thousands separators
+        (r"So \boxed{1,000}", "1000", 1.0),
+        ("The answer is 1,000.", 1000, 1.0),
+        (r"So \boxed{1000}", r"1,\!000", 1.0),
+        (r"So \boxed{1,001}", "1000", -1.0),
+        # the answer at the end of a trace full of other numbers
+        (LONG_TRACE, 27, 1.0),
+        (LONG_TRACE, 42, -1.0),
+        (LONG_TRACE, 21, -1.0),
+        # int / float gold (AMC23 stores 27.0)
+        (r"So \boxed{27}", 27.0, 1.0),
+        (r"So \boxed{27}", "27.0", 1.0),
+        (r"So \boxed{27.0}", 27, 1.0),
+        (r"So \boxed{28}", 27.0, -1.0),
+        # gold given already boxed is not boxed twice
+        (r"So \boxed{5}", r"\boxed{5}", 1.0),
+        (r"So \boxed{6}", r"\boxed{5}", -1.0),
+        # text answers
+        (r"So \boxed{\text{Evelyn}}", r"\text{Evelyn}", 1.0),
+        (r"So \boxed{\text{Bob}}", r"\text{Evelyn}", -1.0),
+    ])
+
+
+def test_normalize_answer():
+    assert reward.normalize_answer(27.0) == "27"
+    assert reward.normalize_answer(-3.0) == "-3"
+    assert reward.normalize_answer(27) == "27"
+    assert reward.normalize_answer(" 27.00 ") == "27"
+    assert reward.normalize_answer(0.5) == "0.5"
+    assert reward.normalize_answer(fractions.Fraction(1, 2)) == r"\frac{1}{2}"
+    assert reward.normalize_answer(r"  \frac{1}{2} ") == r"\frac{1}{2}"
+    assert reward.normalize_answer("27.05") == "27.05"
+    assert reward.normalize_answer(None) is None
+    assert reward.normalize_answer("   ") is None
+    assert reward.normalize_answer(math.nan) is None
+
+
+def test_rewards_are_configurable_and_stats_count_each_outcome(pool):
+    responses = [r"\boxed{3}", r"\boxed{4}", "no answer here", r"\boxed{3}"]
+    scores, stats = pool.score_batch(responses, [3, 3, 3, None], correct_reward=1.0, wrong_reward=0.0,
+                                     return_stats=True)
+    assert scores == [1.0, 0.0, 0.0, 0.0]
+    assert {k: stats[k] for k in ("n", "correct", "wrong", "no_answer", "no_gold", "timeouts", "restarts")} == \
+        {"n": 4, "correct": 1, "wrong": 1, "no_answer": 1, "no_gold": 1, "timeouts": 0, "restarts": 0}
+
+
+def test_answers_of_wrong_length_raise(pool):
+    with pytest.raises(ValueError, match=r"3 responses but 2 answers"):
+        pool.score_batch(["a", "b", "c"], [1, 2])
+    assert pool.score_batch([], []) == []
+
+
+def test_module_level_functions_use_a_reused_default_pool():
+    assert reward.score(r"The answer is \boxed{27}.", 27.0) == 1.0
+    first = [w.proc.pid for w in reward.default_pool()._workers]
+    assert reward.score_batch([r"\boxed{1}", r"\boxed{2}"], [1, 1]) == [1.0, -1.0]
+    assert [w.proc.pid for w in reward.default_pool()._workers] == first  # started once, reused
+
+
+# --- the synthetic task: \boxed{N}, N a possibly negative integer ------------------------------------
+
+def test_synthetic_integer_task(pool):
+    check(pool, [
+        ("12 + 5 = 17. The answer is \\boxed{17}", 17, 1.0),
+        ("12 + 5 = 18. The answer is \\boxed{18}", 17, -1.0),
+        ("5 - 12 = -7. The answer is \\boxed{-7}", -7, 1.0),
+        ("5 - 12 = 7. The answer is \\boxed{7}", -7, -1.0),
+        ("12 - 5 = -7. The answer is \\boxed{-7}", 7, -1.0),
+        ("The answer is \\boxed{0}", 0, 1.0),
+        ("The answer is \\boxed{-0}", 0, 1.0),
+        ("The answer is \\boxed{017}", 17, 1.0),  # leading zero: the same integer
+        ("The answer is \\boxed{-017}", -17, 1.0),
+        ("The answer is \\boxed{170}", 17, -1.0),  # a trailing zero is not
+        ("The answer is \\boxed{1 7}", 17, -1.0),
+        ("The answer is \\boxed{17.0}", 17, 1.0),
+        ("The answer is 17", 17, 1.0),  # no box: math-verify still reads the last number
+        ("The answer is \\boxed{}", 17, -1.0),
+    ])
+
+
+# --- <think> ----------------------------------------------------------------------------------------
+
+def test_think_option(pool):
+    closed = "<think>\nMaybe it is \\boxed{5}? No.\n</think>\nThe answer is \\boxed{7}."
+    truncated = "<think>\nMaybe it is \\boxed{5}? Let me keep going"
+    r1_style = "Maybe it is \\boxed{5}? No.\n</think>\nThe answer is \\boxed{7}."  # <think> sat in the prompt
+    only_in_thought = "<think>\nIt is \\boxed{5}.\n</think>\nI am not sure."
+    cases = [(closed, 7), (closed, 5), (truncated, 5), (r1_style, 7), (only_in_thought, 5)]
+    # Off (official): the whole text counts, thinking included.
+    check(pool, [(r, a, want) for (r, a), want in zip(cases, [1.0, -1.0, 1.0, 1.0, 1.0])])
+    # On: only what follows the last </think>; a thought that never closed scores wrong.
+    check(pool, [(r, a, want) for (r, a), want in zip(cases, [1.0, -1.0, -1.0, 1.0, -1.0])], think=True)
+    _, stats = pool.score_batch([truncated], [5], think=True, return_stats=True)
+    assert stats["no_answer"] == 1
+
+
+# --- garbage, hangs, kills ------------------------------------------------------------------------------
+
+GARBAGE = {
+    "empty": "",
+    "whitespace": " \n\t ",
+    "binary": random.Random(0).randbytes(4000).decode("latin-1"),
+    "binary bytes": random.Random(1).randbytes(4000),
+    "nul and control chars": "\x00\x01\x02\\boxed{\x00}\x1b[2J",
+    "300k chars of text": "Let me think again. " * 15000,
+    "300k chars of numbers": "1234567890 " * 27300,  # math-verify tries every number: slow, so killed
+    "300k open braces": "\\boxed{" + "{" * 300000,
+    "unbalanced braces": "\\boxed{\\frac{1}{2" + "{" * 500 + " so the answer is \\boxed{",
+    "unmatched closing": "}}}} \\boxed{}}}} \\right) \\end{array} $$ $",
+    "tower of exponents": TOWER,
+    "issue 65 nested power": HANG,
+    "not a string": None,
+}
+
+
+@pytest.mark.parametrize("name", list(GARBAGE))
+def test_garbage_scores_wrong_within_the_deadline(fast_pool, name):
+    start = time.monotonic()
+    scores, stats = fast_pool.score_batch([GARBAGE[name]], [42], return_stats=True)
+    elapsed = time.monotonic() - start
+    assert scores == [-1.0]
+    assert elapsed < DEADLINE + SLACK, f"{name}: {elapsed:.2f} s"
+    assert stats["correct"] == 0 and stats["errors"] == 0
+
+
+def test_stuck_worker_is_killed_and_replaced_and_the_pool_keeps_scoring(fast_pool):
+    before = {w.proc.pid for w in fast_pool._workers}
+    scores, stats = fast_pool.score_batch([r"\boxed{3}", HANG, r"\boxed{4}"], [3, 5, 4], return_stats=True)
+    assert scores == [1.0, -1.0, 1.0]
+    assert stats["timeouts"] == 1 and stats["restarts"] == 1
+    after = {w.proc.pid for w in fast_pool._workers}
+    assert len(after) == 2 and len(after - before) >= 1  # a new process took the killed one's place
+    assert all(w.proc.is_alive() for w in fast_pool._workers)
+    # Scoring afterwards is unaffected, and needs no more restarts.
+    scores, stats = fast_pool.score_batch([r"\boxed{3}", r"\boxed{\frac{1}{2}}", r"\boxed{9}"], [3, 0.5, 8],
+                                          return_stats=True)
+    assert scores == [1.0, 1.0, -1.0]
+    assert stats["restarts"] == stats["timeouts"] == 0
+
+
+def test_a_worker_that_dies_is_replaced_and_its_item_counts_as_an_error():
+    with reward.RewardPool(workers=2, deadline=60.0) as pool:  # the deadline is not what ends this call
+        pool.score_batch([r"\boxed{1}"], [1])
+        pids = [w.proc.pid for w in pool._workers]
+        killer = threading.Timer(0.5, lambda: [os.kill(pid, signal.SIGKILL) for pid in pids])  # busy and idle
+        killer.start()
+        start = time.monotonic()
+        scores, stats = pool.score_batch([HANG], [5], return_stats=True)
+        killer.join()
+        assert scores == [-1.0] and time.monotonic() - start < 10.0
+        assert stats["errors"] == 1 and stats["timeouts"] == 0 and stats["restarts"] >= 1
+        scores, stats = pool.score_batch([r"\boxed{2}", r"\boxed{3}"], [2, 2], return_stats=True)
+        assert scores == [1.0, -1.0]
+        assert not set(pids) & {w.proc.pid for w in pool._workers}  # both were replaced
+
+
+# --- balanced scheduling ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", ["spread", "adjacent"])
+def test_hangs_cost_about_hangs_over_workers_deadlines(layout):
+    deadline, workers, hangs = 3.0, 2, 4
+    ordinary = [(f"So {i} + 1 = {i + 1}, and the answer is \\boxed{{{i}}}.", i) for i in range(300)]
+    if layout == "spread":
+        items = list(ordinary)
+        for k in range(hangs):
+            items.insert(75 * k + 10, (HANG, 5))
+    else:  # one group of responses that all hang, as when a model repeats itself: they share a chunk
+        items = ordinary[:100] + [(HANG, 5)] * hangs + ordinary[100:]
+    with reward.RewardPool(workers=workers, deadline=deadline) as pool:
+        pool.score_batch([r for r, _ in ordinary], [a for _, a in ordinary])  # start and warm the workers
+        start = time.monotonic()
+        pool.score_batch([r for r, _ in ordinary], [a for _, a in ordinary])
+        plain = time.monotonic() - start
+        start = time.monotonic()
+        scores, stats = pool.score_batch([r for r, _ in items], [a for _, a in items], return_stats=True)
+        wall = time.monotonic() - start
+    assert scores == [-1.0 if r == HANG else 1.0 for r, _ in items]
+    assert stats["timeouts"] == hangs and stats["restarts"] == hangs
+    # 6 s; one worker taking all four would be 12 s. The slack covers two rounds of restarts and the ordinary items
+    # on a loaded 2-core machine.
+    balanced = math.ceil(hangs / workers) * deadline
+    assert balanced <= wall < balanced + plain + 3.0, f"{layout}: {wall:.2f} s (plain batch {plain:.2f} s)"

@@ -496,8 +496,8 @@ def main(args: Args):
             "response_length_max": max(lengths),
             "truncated_frac": sum(not c.finished for g in groups for c in g) / len(lengths),
             "kept_group_frac": len(keep) / len(batch),
-            "reward_timeouts": reward_stats.get("timeouts", 0),
-            "reward_parse_failures": reward_stats.get("parse_failures", 0),
+            "reward_timeouts": reward_stats["timeouts"],
+            "reward_parse_failures": reward_stats["no_answer"],  # nothing extractable in the response
             "time_rollout_s": t1 - t0,
             "time_reward_s": t2 - t1,
             "time_update_s": t3 - t2,

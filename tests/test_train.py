@@ -17,7 +17,7 @@ SMALL = ["--preset", "tiny", "--gen-prompts", "8", "--train-prompts", "8", "--mi
 FIELDS = ["step", "reward_mean", "acc_mean", "entropy", "clip_frac_low_neg", "clip_frac_high_pos", "clip_frac_low_pos",
           "clip_frac_high_neg", "dual_clip_frac", "approx_kl", "grad_norm", "lr", "response_length_mean",
           "response_length_max", "truncated_frac", "kept_group_frac", "time_rollout_s", "time_reward_s",
-          "time_update_s", "tokens_per_s"]
+          "time_update_s", "tokens_per_s", "reward_timeouts", "reward_parse_failures"]
 
 
 def run_train(output_dir, *extra):

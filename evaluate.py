@@ -13,8 +13,9 @@ setting is overridable and written to the output, with each problem's per-sample
 Metrics, per benchmark, over its problems:
   avg@k   mean accuracy of the k samples, averaged over problems (the paper's metric)
   pass@j  unbiased estimate (Chen et al. 2021): 1 - C(k - c, j) / C(k, j) for c correct of k, j = 1, 2, 4, ..., k
-  maj@k   majority vote on the last \\boxed{} string (whitespace removed); a tie between t answers of which m
-          are correct scores m / t (the expected result of a random tie-break); samples with no \\boxed{} don't vote
+  maj@k   majority vote on the last \\boxed{} string (whitespace removed), or on the last number where there is no
+          \\boxed{} (math-verify accepts those too); a tie between t answers of which m are correct scores m / t (the
+          expected result of a random tie-break); samples with neither don't vote
 """
 
 import argparse
@@ -77,6 +78,17 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 _BOXED = re.compile(r"\\boxed\s*\{")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+
+
+def vote_key(text: str) -> str | None:
+    """The answer a response votes for in maj@k: its last \\boxed{} content or, like math-verify's fallback when
+    there is none, its last number. None if it has neither."""
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
 
 
 def last_boxed(text: str) -> str | None:
@@ -173,7 +185,7 @@ def evaluate(sampler, tokenizer, name, problems, *, k, temperature, top_p, max_t
     records, correct_lists, vote_lists = [], [], []
     for i, (p, group) in enumerate(zip(problems, groups)):
         correct = [s == reward.CORRECT_REWARD for s in scores[i * k:(i + 1) * k]]
-        votes = [last_boxed(c.text) for c in group]
+        votes = [vote_key(c.text) for c in group]
         correct_lists.append(correct)
         vote_lists.append(votes)
         record = {"id": p["id"], "answer": p["answer"], "correct": correct,

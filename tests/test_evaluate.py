@@ -45,6 +45,13 @@ def test_majority_vote_ties():
     assert E.majority_correct([None, None], [False, False]) == 0.0
 
 
+def test_vote_key_falls_back_to_the_last_number_as_math_verify_does():
+    assert E.vote_key("so \\boxed{12} and then 13") == "12"
+    assert E.vote_key("0+0=0, 0+1=1}") == "1"  # a format RL found on the tiny task: no \\boxed{}, still scored correct
+    assert E.vote_key("it is -3/4.") == "-3/4"
+    assert E.vote_key("no answer") is None
+
+
 def test_last_boxed():
     assert E.last_boxed("so \\boxed{1} or rather \\boxed{\\frac{1}{2}}.") == "\\frac{1}{2}"
     assert E.last_boxed("\\boxed {x = 3 }") == "x=3"

@@ -155,16 +155,11 @@ HANG = r"The answer is \boxed{\dfrac{5^{\left(5^{\left(5^{\left(5^5\right)}\righ
 
 def benchmark_golds():
     """Gold answers of the five benchmarks in ../shared/benchmarks (empty if the folder is absent)."""
-    fields = {"aime24.jsonl": lambda r: r["meta"]["answer"], "aime25.jsonl": lambda r: r["meta"]["solution"],
-              "hmmt25.jsonl": lambda r: r["answer"], "math500.jsonl": lambda r: r["answer"],
-              "amc23.jsonl": lambda r: r["answer"]}
-    golds = []
-    for name, get in fields.items():
-        path = os.path.join(BENCHMARKS, name)
-        if os.path.exists(path):
-            with open(path) as f:
-                golds += [get(json.loads(line)) for line in f if line.strip()]
-    return golds
+    import evaluate
+    if not os.path.isdir(BENCHMARKS):
+        return []
+    return [p["answer"] for name in ("aime24", "aime25", "hmmt25", "math500", "amc23")
+            for p in evaluate.load_benchmark(name, data_dir=BENCHMARKS)]
 
 
 def ordinary_pairs(golds, per_gold, seed=0):

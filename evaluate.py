@@ -22,9 +22,7 @@ import argparse
 import json
 import math
 import os
-import random
 import re
-import sys
 import time
 from collections import Counter
 

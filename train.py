@@ -21,7 +21,6 @@ step, appended), checkpoints/step_NNNNNN (atomic), final/ (HF format).
 import argparse
 import dataclasses
 import json
-import math
 import os
 import random
 import shutil

@@ -2,7 +2,6 @@
 score wrong within the deadline, hard kills, balanced scheduling, and the <think> option."""
 
 import fractions
-import json
 import math
 import os
 import random
@@ -45,21 +44,11 @@ def check(pool, cases, **kwargs):
 
 # --- real gold answers --------------------------------------------------------------------------
 
-FIELDS = {  # file: how to read the gold answer (FACTS §7)
-    "aime24.jsonl": lambda row: row["meta"]["answer"],
-    "aime25.jsonl": lambda row: row["meta"]["solution"],
-    "hmmt25.jsonl": lambda row: row["answer"],
-    "math500.jsonl": lambda row: row["answer"],
-    "amc23.jsonl": lambda row: row["answer"],
-}
-
-
 def benchmark_golds():
-    golds = []
-    for name, get in FIELDS.items():
-        with open(os.path.join(BENCHMARKS, name)) as f:
-            golds += [(name, get(json.loads(line))) for line in f if line.strip()]
-    return golds
+    """(benchmark, gold answer) for the 630 problems, read by evaluate.py's loaders (FACTS §7 layouts)."""
+    import evaluate
+    return [(name, p["answer"]) for name in ("aime24", "aime25", "hmmt25", "math500", "amc23")
+            for p in evaluate.load_benchmark(name, data_dir=BENCHMARKS)]
 
 
 @pytest.mark.skipif(not os.path.isdir(BENCHMARKS), reason="../shared/benchmarks not present")

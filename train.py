@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, fields
 
 import torch
+import torch.distributed as dist
 
 import loss as L
 
@@ -125,6 +126,11 @@ def _field_docs():
     return docs
 
 
+# torchrun's own parser (Python <= 3.11) takes `--n` after the script name for an abbreviation of its flags
+# and stops; `--group-size` passes through.
+ALIASES = {"n": ["--group-size"]}
+
+
 def parse_args(argv=None) -> Args:
     docs = _field_docs()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,7 +141,7 @@ def parse_args(argv=None) -> Args:
         if f.type is bool or f.type == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
-            parser.add_argument(flag, type=_parser_type(f), default=None, help=help_text)
+            parser.add_argument(flag, *ALIASES.get(f.name, []), dest=f.name, type=_parser_type(f), default=None, help=help_text)
     ns = parser.parse_args(argv)
     if ns.preset not in PRESETS:
         parser.error(f"unknown preset {ns.preset!r}; choose one of {sorted(PRESETS)}")
@@ -281,6 +287,86 @@ class PromptStream:
 
 
 # ---------------------------------------------------------------------------------------------
+# Distributed: under torchrun, FSDP2 shards parameters, gradients and optimizer state over the ranks and
+# each rank samples its share of the prompts with its own engine. Without torchrun these are no-ops.
+# ---------------------------------------------------------------------------------------------
+
+def init_distributed():
+    """-> (rank, world_size, device). torchrun sets WORLD_SIZE, RANK and LOCAL_RANK."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return dist.get_rank(), world, device
+
+
+def world_size():
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def this_rank():
+    return dist.get_rank() if world_size() > 1 else 0
+
+
+def is_main():
+    return this_rank() == 0
+
+
+def barrier():
+    if world_size() > 1:
+        dist.barrier()
+
+
+def all_reduce(values, device, op="sum"):
+    """Sum (or max/min) a list of numbers over the ranks; returns floats."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if world_size() > 1:
+        dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
+    return t.tolist()
+
+
+def gather_groups(local, device):
+    """Per-group tensors [G_local, ...] from each rank -> [G_local * world, ...] in the global batch order
+    (rank r holds global groups r, r + world, r + 2 world, ...)."""
+    if world_size() == 1:
+        return local
+    parts = [torch.empty_like(local, device=device) for _ in range(world_size())]
+    dist.all_gather(parts, local.to(device))
+    return torch.stack(parts, dim=1).flatten(0, 1).cpu()
+
+
+def shard_model(model, precision):
+    """FSDP2: each decoder layer is one unit (gathered for its forward/backward, then freed), the root holds the
+    embeddings and LM head. Gradients are summed, not averaged, over ranks: each rank's loss is already its share
+    of the global token mean."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None, reduce_dtype=torch.float32)
+    layer_classes = set(getattr(model, "_no_split_modules", None) or [])
+    for module in model.modules():
+        if type(module).__name__ in layer_classes:
+            fully_shard(module, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no pre-multiplied sum)
+    return model
+
+
+def full_named_parameters(model):
+    """(name, full tensor) pairs for the weight sync; FSDP2 shards are all-gathered one parameter at a time."""
+    from torch.distributed.tensor import DTensor
+    for name, p in model.named_parameters():
+        yield name, (p.full_tensor() if isinstance(p, DTensor) else p)
+
+
+# ---------------------------------------------------------------------------------------------
 # Batches: left-padded prompts, right-padded responses, so logits[:, P-1 : P+R-1] predict the responses
 # ---------------------------------------------------------------------------------------------
 
@@ -327,42 +413,71 @@ def checkpoint_dirs(output_dir):
 
 
 def write_folder_atomically(path, write):
-    """write(tmp) fills a temporary folder, which then replaces `path` by rename: readers see the old folder or
-    the complete new one, never a half-written one."""
+    """write(tmp) fills a temporary folder (every rank writes its part), which rank 0 then renames over `path`:
+    readers see the old folder or the complete new one, never a half-written one."""
     tmp, old = path + ".tmp", path + ".old"
-    shutil.rmtree(tmp, ignore_errors=True)
+    if is_main():
+        shutil.rmtree(tmp, ignore_errors=True)
+    barrier()
     write(tmp)
-    if os.path.exists(path):
+    barrier()
+    if is_main():
+        if os.path.exists(path):
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+        os.replace(tmp, path)
         shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-    os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
+    barrier()
     return path
 
 
 def save_checkpoint(args, step, model, tokenizer, optimizer, scheduler, stream, loop_state):
+    """Model and optimizer through torch.distributed.checkpoint (each rank writes its shards; a checkpoint loads
+    at any world size, 1 included), the rest in trainer_state.pt. final/ is the HF-format policy."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
     rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
+    model_state, optimizer_state = get_state_dict(model, optimizer)
 
     def write(folder):
-        model.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
-        torch.save({
-            "step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng,
-            "data": stream.state(), "loop": loop_state, "args": dataclasses.asdict(args),
-        }, os.path.join(folder, "trainer_state.pt"))
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder, no_dist=world_size() == 1)
+        if is_main():
+            model.config.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+            torch.save({
+                "step": step, "scheduler": scheduler.state_dict(), "rng": rng, "data": stream.state(),
+                "loop": loop_state, "args": dataclasses.asdict(args), "world_size": world_size(),
+            }, os.path.join(folder, "trainer_state.pt"))
 
     path = write_folder_atomically(os.path.join(args.output_dir, "checkpoints", f"step_{step:06d}"), write)
-    for stale in checkpoint_dirs(args.output_dir)[:-args.keep_checkpoints]:
-        shutil.rmtree(stale, ignore_errors=True)
+    if is_main():
+        for stale in checkpoint_dirs(args.output_dir)[:-args.keep_checkpoints]:
+            shutil.rmtree(stale, ignore_errors=True)
     return path
 
 
+def load_checkpoint(folder, model, optimizer):
+    """Loads a save_checkpoint folder into the (possibly sharded) model and optimizer; returns trainer_state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=folder, no_dist=world_size() == 1)  # reshards to this run's world size
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    return torch.load(os.path.join(folder, "trainer_state.pt"), weights_only=False)
+
+
 def save_final(args, model, tokenizer):
+    """The policy in HF format (gathered from the shards onto rank 0), ready for evaluate.py and vLLM."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
     def write(folder):
-        model.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
+        if is_main():
+            model.save_pretrained(folder, state_dict=full)
+            tokenizer.save_pretrained(folder)
     return write_folder_atomically(os.path.join(args.output_dir, "final"), write)
 
 
@@ -394,8 +509,10 @@ def main(args: Args):
     import reward
     import rollout
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    os.makedirs(args.output_dir, exist_ok=True)
+    rank, world, device = init_distributed()
+    if args.gen_prompts % world:
+        raise SystemExit(f"--gen-prompts ({args.gen_prompts}) must be a multiple of the number of ranks ({world})")
+    log = print if is_main() else (lambda *a, **k: None)
     metrics_path = os.path.join(args.output_dir, "metrics.jsonl")
     resume_from = None
     if args.resume:
@@ -405,17 +522,24 @@ def main(args: Args):
         resume_from = found[-1]
     elif os.path.exists(metrics_path):
         raise SystemExit(f"{metrics_path} exists: pass --resume to continue that run, or choose another --output-dir")
+    barrier()  # every rank has checked before rank 0 creates anything
+    if is_main():
+        os.makedirs(args.output_dir, exist_ok=True)
 
     model_path = args.model
     if model_path == "tiny":
         import tiny
+        if is_main():  # built once, by rank 0; the others then find it cached
+            tiny.ensure_tiny_model()
+        barrier()
         model_path = tiny.ensure_tiny_model()
     rows = load_rows(args.train_data, seed=args.seed)
     torch.manual_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(resume_from or model_path, dtype=torch.float32).to(device)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+    model = shard_model(model, args.precision) if world > 1 else model.to(device)
     model.train()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
@@ -426,81 +550,92 @@ def main(args: Args):
     loop_state = {"od_state": 0, "initial_entropy": None}
     start_step = 0
     if resume_from:
-        state = torch.load(os.path.join(resume_from, "trainer_state.pt"), weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
+        state = load_checkpoint(resume_from, model, optimizer)
         scheduler.load_state_dict(state["scheduler"])
         stream.restore(state["data"])
         random.setstate(state["rng"]["python"])
         torch.set_rng_state(state["rng"]["torch"])
-        if "cuda" in state["rng"] and torch.cuda.is_available():
+        if "cuda" in state["rng"] and torch.cuda.is_available() and world == 1:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         loop_state, start_step = state["loop"], state["step"]
-        discard_metrics_after(metrics_path, start_step)
-        print(f"resumed from {resume_from} at step {start_step}")
+        if is_main():
+            discard_metrics_after(metrics_path, start_step)
+        log(f"resumed from {resume_from} at step {start_step} (saved by {state.get('world_size', 1)} rank(s), now {world})")
 
     sampler = rollout.make_sampler(
         args.sampler, model_path, model=model, tokenizer=tokenizer,
         **({} if args.sampler == "hf" else dict(
-            dtype="float32" if args.precision == "fp32" else "bfloat16", seed=args.seed,
+            dtype="float32" if args.precision == "fp32" else "bfloat16", seed=args.seed + rank,
             max_model_len=args.max_prompt_len + args.max_response_len,
             gpu_memory_utilization=args.gpu_memory_utilization)),
     )
-    print(f"sampler: {type(sampler).__name__}; device: {device}; model: {model_path}; {len(rows)} training rows")
+    log(f"sampler: {type(sampler).__name__}; device: {device}; ranks: {world}; model: {model_path}; {len(rows)} training rows")
     eval_rows = _eval_rows(args)
-    loggers = _loggers(args)
+    loggers = _loggers(args) if is_main() else []
     dynamic_clip = L.DynamicClip(schedule=args.dynamic_clip) if args.dynamic_clip != "none" else None
 
-    bar = tqdm(range(start_step, args.max_steps), initial=start_step, total=args.max_steps, desc="train", dynamic_ncols=True)
+    bar = tqdm(range(start_step, args.max_steps), initial=start_step, total=args.max_steps, desc="train",
+               dynamic_ncols=True, disable=not is_main())
     for step in bar:
         t0 = time.perf_counter()
-        # 1. rollout, from the current weights; seeded per step so a resumed run samples what a straight run would
+        # 1. rollout, from the current weights. Every rank draws the same global batch and samples the groups
+        # rank, rank + world, ...; seeded per step (and rank) so a resumed run samples what a straight run would.
         sampler.wake_up()
-        sampler.load_weights(model.named_parameters())
+        sampler.load_weights(full_named_parameters(model))
         batch = stream.next_batch(args.gen_prompts)
-        torch.manual_seed(args.seed * 1_000_003 + step)
-        groups = rollout.sample(sampler, tokenizer, [r["prompt"] for r in batch], n=args.n,
+        mine = batch[rank::world]
+        sample_seed = (args.seed * 1_000_003 + step) * world + rank
+        torch.manual_seed(sample_seed)
+        groups = rollout.sample(sampler, tokenizer, [r["prompt"] for r in mine], n=args.n,
                                 temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_response_len,
-                                max_prompt_len=args.max_prompt_len, seed=args.seed * 1_000_003 + step, progress=False)
+                                max_prompt_len=args.max_prompt_len, seed=sample_seed, progress=False)
         sampler.sleep()
         t1 = time.perf_counter()
-        # 2. rewards
+        # 2. rewards, for this rank's groups; then every rank sees the whole batch's rewards
         texts = [c.text for g in groups for c in g]
-        answers = [r["answer"] for r in batch for _ in range(args.n)]
+        answers = [r["answer"] for r in mine for _ in range(args.n)]
         scores, reward_stats = reward.score_batch(texts, answers, return_stats=True)
-        rewards = torch.tensor(scores, dtype=torch.float32).view(len(batch), args.n)
+        local = torch.tensor([[[s, len(c.token_ids), c.finished] for s, c in zip(scores[i * args.n:(i + 1) * args.n], g)]
+                              for i, g in enumerate(groups)], dtype=torch.float32)
+        global_ = gather_groups(local, device)  # [gen_prompts, n, (reward, length, finished)]
+        rewards, lengths, finished = global_.unbind(-1)
         correct = rewards == reward.CORRECT_REWARD
+        timeouts, parse_failures = all_reduce([reward_stats["timeouts"], reward_stats["no_answer"]], device)
         t2 = time.perf_counter()
-        # 3-4. dynamic sampling, then advantages
+        # 3-4. dynamic sampling (on global statistics, same decision on every rank), then advantages
         acc_std = correct.float().std(dim=1)
         keep = [i for i in range(len(batch)) if acc_std[i] > 0 or not args.dynamic_sampling][:args.train_prompts]
         advantages = L.group_advantages(rewards[keep].flatten(), args.n, scale_by_std=args.scale_adv_by_std).view(len(keep), args.n) if keep else None
-        prompt_ids = rollout.encode_prompts(tokenizer, [batch[i]["prompt"] for i in keep]) if keep else []
-        seqs = [{"prompt_ids": prompt_ids[k], "response_ids": groups[i][j].token_ids,
-                 "advantage": advantages[k, j].item(), "correct": bool(correct[i, j])}
-                for k, i in enumerate(keep) for j in range(args.n)]
+        # mini-batches of kept groups in global order; each rank trains on the groups it sampled (i % world == rank)
+        mini_batches = []
+        for start in range(0, len(keep), args.mini_batch_prompts):
+            chunk = [(k, i) for k, i in enumerate(keep) if start <= k < start + args.mini_batch_prompts and i % world == rank]
+            prompt_ids = rollout.encode_prompts(tokenizer, [batch[i]["prompt"] for _, i in chunk]) if chunk else []
+            mini_batches.append([{"prompt_ids": ids, "response_ids": groups[i // world][j].token_ids,
+                                  "advantage": advantages[k, j].item(), "correct": bool(correct[i, j])}
+                                 for ids, (k, i) in zip(prompt_ids, chunk) for j in range(args.n)])
         # 5-6. old log-probs, then mini-batch updates
-        update = update_policy(args, model, optimizer, seqs, pad_id, device, step, dynamic_clip, loop_state) if seqs else {}
+        update = update_policy(args, model, optimizer, mini_batches, pad_id, device, step, dynamic_clip, loop_state) if keep else {}
         lr_used = optimizer.param_groups[0]["lr"]
         scheduler.step()
         t3 = time.perf_counter()
 
-        lengths = [len(c.token_ids) for g in groups for c in g]
         row = {
             "step": step + 1,
             "reward_mean": rewards.mean().item(),
             "acc_mean": correct.float().mean().item(),
             **update,
             "lr": lr_used,
-            "response_length_mean": sum(lengths) / len(lengths),
-            "response_length_max": max(lengths),
-            "truncated_frac": sum(not c.finished for g in groups for c in g) / len(lengths),
+            "response_length_mean": lengths.mean().item(),
+            "response_length_max": int(lengths.max().item()),
+            "truncated_frac": (finished == 0).float().mean().item(),
             "kept_group_frac": len(keep) / len(batch),
-            "reward_timeouts": reward_stats["timeouts"],
-            "reward_parse_failures": reward_stats["no_answer"],  # nothing extractable in the response
+            "reward_timeouts": int(timeouts),
+            "reward_parse_failures": int(parse_failures),  # nothing extractable in the response
             "time_rollout_s": t1 - t0,
             "time_reward_s": t2 - t1,
             "time_update_s": t3 - t2,
-            "tokens_per_s": sum(lengths) / (t3 - t0),
+            "tokens_per_s": lengths.sum().item() / (t3 - t0),
         }
         if dynamic_clip is not None and dynamic_clip.schedule == "od" and "entropy" in row:
             loop_state["initial_entropy"] = loop_state["initial_entropy"] or row["entropy"]
@@ -508,25 +643,43 @@ def main(args: Args):
                                                                loop_state["initial_entropy"], dynamic_clip)
             row["od_state"] = loop_state["od_state"]
         if eval_rows and args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.max_steps):
-            row["eval_acc"] = evaluate_accuracy(args, sampler, model, tokenizer, eval_rows, step)
-        with open(metrics_path, "a") as f:  # append-only, one object per step
-            f.write(json.dumps(row) + "\n")
-        for log in loggers:
-            log(row)
+            row["eval_acc"] = evaluate_accuracy(args, sampler, model, tokenizer, eval_rows, step, device)
+        if is_main():
+            with open(metrics_path, "a") as f:  # append-only, one object per step, written by rank 0 only
+                f.write(json.dumps(row) + "\n")
+            for log_row in loggers:
+                log_row(row)
         bar.set_postfix(reward=f"{row['reward_mean']:.3f}", acc=f"{row['acc_mean']:.3f}",
                         ent=f"{row.get('entropy', float('nan')):.3f}", clip=f"{row.get('clip_frac_high_pos', 0):.3f}")
         if (step + 1) % args.save_every == 0 or step + 1 == args.max_steps:
             save_checkpoint(args, step + 1, model, tokenizer, optimizer, scheduler, stream, loop_state)
     final = save_final(args, model, tokenizer)
-    print(f"done: metrics in {metrics_path}, final policy in {final}")
+    log(f"done: metrics in {metrics_path}, final policy in {final}")
+    if world > 1:
+        sampler.close()  # vLLM's teardown destroys its groups, and with external_launcher the default one too
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
-def update_policy(args, model, optimizer, seqs, pad_id, device, step, dynamic_clip, loop_state):
-    """Old log-probs, then one optimizer step per mini-batch with exact token-mean accumulation."""
-    per_mini = args.mini_batch_prompts * args.n
-    minis = [seqs[i:i + per_mini] for i in range(0, len(seqs), per_mini)]
+def padding_micro_batch(pad_id, device):
+    """A one-token micro-batch with an empty response mask: it adds nothing to the loss or the gradient, and
+    keeps a rank with fewer sequences running the same forward/backward passes (FSDP's collectives) as the rest."""
+    mb = collate([{"prompt_ids": [pad_id], "response_ids": [pad_id], "advantage": 0.0, "correct": False}], pad_id, device)
+    mb["response_mask"].zero_()
+    return mb
+
+
+def update_policy(args, model, optimizer, mini_batches, pad_id, device, step, dynamic_clip, loop_state):
+    """Old log-probs, then one optimizer step per mini-batch with exact token-mean accumulation.
+
+    mini_batches: for each mini-batch, this rank's sequences (a rank may have none). The token and sequence
+    counts are all-reduced, so each rank's loss is its share of the global mean and the summed gradients are
+    those of one process holding the whole mini-batch.
+    """
     micro = [[collate(m[j:j + args.micro_batch_size], pad_id, device) for j in range(0, len(m), args.micro_batch_size)]
-             for m in minis]
+             for m in mini_batches]
+    most = all_reduce([len(mbs) for mbs in micro], device, op="max")
+    micro = [mbs + [padding_micro_batch(pad_id, device) for _ in range(int(k) - len(mbs))] for mbs, k in zip(micro, most)]
     entropy_sum, token_total = 0.0, 0.0
     with torch.no_grad():  # 5. old log-probs: the policy that sampled (up to sampler numerics)
         for mbs in micro:
@@ -534,12 +687,14 @@ def update_policy(args, model, optimizer, seqs, pad_id, device, step, dynamic_cl
                 mb["old_logp"], mb["old_entropy"] = response_logprobs(model, mb, args.temperature, args.precision, True)
                 entropy_sum += (mb["old_entropy"] * mb["response_mask"]).sum().item()
                 token_total += mb["response_mask"].sum().item()
+    entropy_sum, token_total = all_reduce([entropy_sum, token_total], device)
     sums, grad_norms = {}, []
     progress = min(1.0, step / args.max_steps)
-    for mbs in micro:  # 6. one optimizer step per mini-batch
-        num_tokens = sum(mb["response_mask"].sum() for mb in mbs)
-        num_seqs = sum(mb["response_mask"].shape[0] for mb in mbs)
-        num_correct_tokens = sum((mb["response_mask"] * mb["correct"].unsqueeze(-1)).sum() for mb in mbs)
+    for mbs, seqs in zip(micro, mini_batches):  # 6. one optimizer step per mini-batch
+        num_tokens, num_seqs, num_correct_tokens = all_reduce([
+            sum(mb["response_mask"].sum().item() for mb in mbs), len(seqs),
+            sum((mb["response_mask"] * mb["correct"].unsqueeze(-1)).sum().item() for mb in mbs)], device)
+        bad_loss = None
         for mb in mbs:
             logp, _ = response_logprobs(model, mb, args.temperature, args.precision, False)
             pg_loss, m = L.policy_loss(
@@ -553,19 +708,26 @@ def update_policy(args, model, optimizer, seqs, pad_id, device, step, dynamic_cl
                 lm = L.positive_example_lm_loss(logp, mb["response_mask"], mb["correct"], num_tokens=num_correct_tokens)
                 total = total + args.positive_lm_coef * lm
                 sums["positive_lm_loss"] = sums.get("positive_lm_loss", 0.0) + lm.item()
-            if not torch.isfinite(total):
-                raise FloatingPointError(f"step {step + 1}: the loss is {total.item()}; stopping (the last checkpoint is intact)")
+            if bad_loss is None and not torch.isfinite(total):
+                bad_loss = total.item()
             total.backward()
             sums["pg_loss"] = sums.get("pg_loss", 0.0) + pg_loss.item()
-            weight = m.pop("num_tokens").item()
+            weight = (mb["response_mask"] > 0).sum().item()
+            m.pop("num_tokens")
             for k, v in m.items():  # token-weighted, so the step's metric is the mean over all its tokens
                 sums[k] = sums.get(k, 0.0) + v.item() * weight
+        if all_reduce([bad_loss is not None], device, op="max")[0]:  # every rank stops, not just the one that saw it
+            raise FloatingPointError(f"step {step + 1}: the loss is {bad_loss if bad_loss is not None else 'not finite on another rank'}; "
+                                     "stopping (the last checkpoint is intact)")
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         if not torch.isfinite(grad_norm):
             raise FloatingPointError(f"step {step + 1}: the gradient norm is {grad_norm.item()}; stopping (the last checkpoint is intact)")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         grad_norms.append(grad_norm.item())
+    keys = sorted(sums)
+    sums = dict(zip(keys, all_reduce([sums[k] for k in keys], device)))
     out = {k: (v / token_total if k not in ("pg_loss", "positive_lm_loss") else v / len(micro)) for k, v in sums.items()}
     out["entropy"] = entropy_sum / max(token_total, 1)
     out["grad_norm"] = sum(grad_norms) / len(grad_norms)
@@ -583,16 +745,19 @@ def _eval_rows(args):
 
 
 @torch.no_grad()
-def evaluate_accuracy(args, sampler, model, tokenizer, rows, step, n=4):
-    """Held-out avg@4 at the official validation sampling (temperature 0.6, top_p 0.95), through evaluate.py."""
+def evaluate_accuracy(args, sampler, model, tokenizer, rows, step, device, n=4):
+    """Held-out avg@4 at the official validation sampling (temperature 0.6, top_p 0.95), through evaluate.py;
+    under torchrun each rank evaluates every world-th problem."""
     import evaluate
+    mine = rows[this_rank()::world_size()]
     sampler.wake_up()
-    sampler.load_weights(model.named_parameters())
-    result = evaluate.evaluate(sampler, tokenizer, rows, k=n, temperature=0.6, top_p=0.95,
+    sampler.load_weights(full_named_parameters(model))
+    result = evaluate.evaluate(sampler, tokenizer, mine, k=n, temperature=0.6, top_p=0.95,
                                max_tokens=args.max_response_len, seed=args.seed * 1_000_003 + step + 500_000,
                                progress=False)
     sampler.sleep()
-    return result["avg@k"]
+    correct, count = all_reduce([result["avg@k"] * len(mine), len(mine)], device)
+    return correct / count
 
 
 def _loggers(args):

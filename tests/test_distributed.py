@@ -117,6 +117,9 @@ def test_two_rank_run_logs_once_and_resumes_on_one_rank(tmp_path, tiny_model_pat
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.detach(), final[name], rtol=0, atol=0)
     assert len(optimizer.state) == len(list(model.parameters()))  # AdamW moments came back too
+    exported = load_file(os.path.join(train.export_hf(str(tmp_path / "checkpoints" / "step_000002"), str(tmp_path / "hf")),
+                                      "model.safetensors"))
+    assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)
 
     done = subprocess.run([sys.executable, "train.py", *flags, "--max-steps", "3", "--sampler", "hf", "--resume"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -126,3 +129,45 @@ def test_two_rank_run_logs_once_and_resumes_on_one_rank(tmp_path, tiny_model_pat
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "final")  # HF format, whole
     assert final.config.architectures == ["Qwen2ForCausalLM"]
     assert sum(p.numel() for p in final.parameters()) > 1_000_000
+
+
+SAMPLER_WORKER = r'''
+import json, sys
+import torch
+sys.path.insert(0, {root!r})
+import rollout, tiny, train
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+rank, world, device = train.init_distributed()
+tokenizer = AutoTokenizer.from_pretrained({model!r})
+model = train.shard_model(AutoModelForCausalLM.from_pretrained({model!r}, dtype=torch.float32), "fp32")
+engine = rollout.make_sampler("vllm", {model!r}, tokenizer=tokenizer, dtype="float32", max_model_len=256)
+problems = [r["problem"] for r in tiny.arithmetic_split("test", 6)][rank::world][:2 - rank]  # 2 prompts and 1
+
+def greedy(sampler):
+    return [g[0].token_ids for g in rollout.sample(sampler, tokenizer, problems, n=1, temperature=0.0, max_tokens=40)]
+
+with torch.no_grad():
+    for p in model.parameters():
+        p.add_(torch.randn_like(p) * 0.05)
+want = greedy(rollout.HFSampler(model, tokenizer))  # HF generate on the sharded model, ranks in lockstep
+stale = greedy(engine)
+engine.load_weights(train.full_named_parameters(model))
+with open({out!r} + str(rank), "w") as f:
+    json.dump({{"want": want, "stale": stale, "synced": greedy(engine)}}, f)
+engine.close()
+'''
+
+
+def test_each_rank_engine_samples_from_the_sharded_policy_after_sync(tmp_path, tiny_model_path):
+    """Per-rank vLLM engines get the FSDP-sharded weights, gathered one parameter at a time: after a weight change
+    and a sync, each rank's vLLM greedy output equals HF greedy output of the sharded model itself."""
+    vllm_or_skip()
+    script, out = tmp_path / "sampler_worker.py", tmp_path / "greedy"
+    script.write_text(SAMPLER_WORKER.format(root=ROOT, model=tiny_model_path, out=str(out)))
+    torchrun(2, str(script))
+    for rank, prompts in ((0, 2), (1, 1)):
+        result = json.loads((tmp_path / f"greedy{rank}").read_text())
+        assert len(result["want"]) == prompts
+        assert result["stale"] != result["want"]  # the engine had the old weights
+        assert result["synced"] == result["want"]

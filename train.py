@@ -628,7 +628,7 @@ def main(args: Args):
         # mini-batches of kept groups in global order; each rank trains on the groups it sampled (i % world == rank)
         mini_batches = []
         for start in range(0, len(keep), args.mini_batch_prompts):
-            chunk = [(k, i) for k, i in enumerate(keep) if start <= k < start + args.mini_batch_prompts and i % world == rank]
+            chunk = [(k, i) for k, i in enumerate(keep[start:start + args.mini_batch_prompts], start) if i % world == rank]
             prompt_ids = rollout.encode_prompts(tokenizer, [batch[i]["prompt"] for _, i in chunk]) if chunk else []
             mini_batches.append([{"prompt_ids": ids, "response_ids": groups[i // world][j].token_ids,
                                   "advantage": advantages[k, j].item(), "correct": bool(correct[i, j])}

@@ -694,28 +694,40 @@ def update_policy(args, model, optimizer, mini_batches, pad_id, device, step, dy
     mini_batches: for each mini-batch, this rank's sequences (a rank may have none). The token and sequence
     counts are all-reduced, so each rank's loss is its share of the global mean and the summed gradients are
     those of one process holding the whole mini-batch.
+
+    Two savings that leave the update unchanged:
+    - A sequence with zero advantage gets no gradient from any of the objectives (each term is proportional to
+      A), so unless the positive-example LM term is on, it counts in the token mean but is not run. (Only seen
+      with --no-dynamic-sampling: a kept group always has non-zero advantages.) Update metrics and entropy are
+      over the sequences that are run.
+    - The first mini-batch is trained on the weights that sampled it, so its old log-probs are its current ones,
+      detached: no separate forward for it (none at all when a step has one mini-batch).
     """
+    run = [[s for s in m if s["advantage"] != 0 or args.positive_lm_coef] for m in mini_batches]
     micro = [[collate(m[j:j + args.micro_batch_size], pad_id, device) for j in range(0, len(m), args.micro_batch_size)]
-             for m in mini_batches]
-    most = all_reduce([len(mbs) for mbs in micro], device, op="max")
+             for m in run]
+    most = all_reduce([max(1, len(mbs)) for mbs in micro], device, op="max")  # >= 1: zero gradients, not none
     micro = [mbs + [padding_micro_batch(pad_id, device) for _ in range(int(k) - len(mbs))] for mbs, k in zip(micro, most)]
     entropy_sum, token_total = 0.0, 0.0
     with torch.no_grad():  # 5. old log-probs: the policy that sampled (up to sampler numerics)
-        for mbs in micro:
+        for mbs in micro[1:]:
             for mb in mbs:
                 mb["old_logp"], mb["old_entropy"] = response_logprobs(model, mb, args.temperature, args.precision, True)
                 entropy_sum += (mb["old_entropy"] * mb["response_mask"]).sum().item()
                 token_total += mb["response_mask"].sum().item()
-    entropy_sum, token_total = all_reduce([entropy_sum, token_total], device)
     sums, grad_norms = {}, []
     progress = min(1.0, step / args.max_steps)
-    for mbs, seqs in zip(micro, mini_batches):  # 6. one optimizer step per mini-batch
+    for index, (mbs, seqs) in enumerate(zip(micro, mini_batches)):  # 6. one optimizer step per mini-batch
         num_tokens, num_seqs, num_correct_tokens = all_reduce([
-            sum(mb["response_mask"].sum().item() for mb in mbs), len(seqs),
-            sum((mb["response_mask"] * mb["correct"].unsqueeze(-1)).sum().item() for mb in mbs)], device)
+            sum(len(s["response_ids"]) for s in seqs), len(seqs),
+            sum(len(s["response_ids"]) for s in seqs if s["correct"])], device)
         bad_loss = None
         for mb in mbs:
-            logp, _ = response_logprobs(model, mb, args.temperature, args.precision, False)
+            logp, entropy = response_logprobs(model, mb, args.temperature, args.precision, index == 0)
+            if index == 0:  # no update yet since sampling: old = current
+                mb["old_logp"], mb["old_entropy"] = logp.detach(), entropy
+                entropy_sum += (entropy * mb["response_mask"]).sum().item()
+                token_total += mb["response_mask"].sum().item()
             pg_loss, m = L.policy_loss(
                 logp, mb["old_logp"], mb["advantages"], mb["response_mask"], algo=args.algo,
                 eps_low=args.eps_low, eps_high=args.eps_high, beta1=args.beta1, beta2=args.beta2,
@@ -747,7 +759,8 @@ def update_policy(args, model, optimizer, mini_batches, pad_id, device, step, dy
         grad_norms.append(grad_norm.item())
     keys = sorted(sums)
     sums = dict(zip(keys, all_reduce([sums[k] for k in keys], device)))
-    out = {k: (v / token_total if k not in ("pg_loss", "positive_lm_loss") else v / len(micro)) for k, v in sums.items()}
+    entropy_sum, token_total = all_reduce([entropy_sum, token_total], device)
+    out = {k: (v / max(token_total, 1) if k not in ("pg_loss", "positive_lm_loss") else v / len(micro)) for k, v in sums.items()}
     out["entropy"] = entropy_sum / max(token_total, 1)
     out["grad_norm"] = sum(grad_norms) / len(grad_norms)
     out["optimizer_steps"] = len(micro)

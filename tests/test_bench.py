@@ -48,11 +48,13 @@ def test_step_without_trl_reports_ours_and_survives_a_failure(monkeypatch):
     assert not any(k.startswith(("trl_hf", "speedup")) for k in out)
 
 
-def test_step_flags_are_checked(monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["bench.py", "--only", "step", "--step-steps", "1"])
+@pytest.mark.parametrize("flags, message", [(["--step-steps", "1"], "--step-steps must be >= 2"),
+                                           (["--step-micro-batch", "5"], "--step-micro-batch (5) must divide")])
+def test_step_flags_are_checked(monkeypatch, capsys, flags, message):
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--only", "step", *flags])
     with pytest.raises(SystemExit) as e:
         bench.main()
-    assert e.value.code == 2
+    assert e.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_ours_steps_times_a_real_run(tiny_model_path, tmp_path):

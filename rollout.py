@@ -139,7 +139,7 @@ class VLLMSampler:
         self.sleep_mode = self.on_gpu if enable_sleep_mode is None else enable_sleep_mode
         kwargs = dict(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
                       enable_prefix_caching=True, enable_sleep_mode=self.sleep_mode)
-        if _world_size() > 1:
+        if world_size() > 1:
             # under torchrun: one engine per rank in the rank's own process (tensor parallel 1), reusing the
             # trainer's process group instead of starting vLLM's own workers
             kwargs["distributed_executor_backend"] = "external_launcher"
@@ -233,7 +233,7 @@ class HFSampler:
         # An FSDP-sharded model runs collectives in every forward, so under torchrun all ranks must make the same
         # number of generate calls (ranks with fewer batches repeat their last one and drop it) and decode in
         # lockstep until every rank is done (synced_gpus).
-        synced = _world_size() > 1
+        synced = world_size() > 1
         if synced:
             count = torch.tensor([len(starts)], device=device)
             torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
@@ -279,7 +279,7 @@ class HFSampler:
 
 # --- entry points -------------------------------------------------------------------------------
 
-def _world_size() -> int:
+def world_size() -> int:
     """Processes in torch.distributed's default group (1 without torchrun)."""
     return torch.distributed.get_world_size() if torch.distributed.is_available() and torch.distributed.is_initialized() else 1
 

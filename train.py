@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 import loss as L
+from rollout import world_size  # 1 without torchrun
 
 
 @dataclass
@@ -308,10 +309,6 @@ def init_distributed():
         device = torch.device("cpu")
         dist.init_process_group("gloo")
     return dist.get_rank(), world, device
-
-
-def world_size():
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def this_rank():

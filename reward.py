@@ -51,6 +51,7 @@ CORRECT_REWARD = 1.0  # official values
 WRONG_REWARD = -1.0
 DEFAULT_DEADLINE = 5.0  # seconds per item; the official code gives math-verify 5 s per call
 START_TIMEOUT = 120.0  # seconds a new worker may take to import and warm up before we give up
+MAX_FAILED_STARTS = 3  # workers in a row killed by a signal before they were ready, before we give up
 # A worker that got less than this share of a CPU while its item's deadline ran out was waiting for a CPU (an
 # oversubscribed machine), not stuck: it gets more time, up to STARVED_LIMIT deadlines.
 STARVED_SHARE = 0.25
@@ -272,7 +273,8 @@ class RewardPool:
     to act anyway (a worker ran out of items, a deadline is due), not once per item. When no work is left to hand
     out but a worker is stuck on a slow item with unstarted items behind it, those items are cancelled there (the
     worker confirms) and handed to idle workers. So a hang delays only itself, and h hangs cost about
-    ceil(h / workers) deadlines in all.
+    ceil(h / workers) deadlines in all. A worker that dies other than by a deadline (a crash, a kill from outside)
+    is replaced and the item it was on is retried once; an item two workers die on counts as an error.
     """
 
     def __init__(self, workers=None, deadline=DEFAULT_DEADLINE, chunk_size=32, steal_after=0.25,
@@ -291,6 +293,7 @@ class RewardPool:
         self._pid = os.getpid()
         self._finalizer = weakref.finalize(self, _stop_workers, self._workers)
         self.totals = collections.Counter()
+        self._failed_starts = 0  # workers in a row that died before they were ready
 
     def _start_worker(self):
         parent_end, child_end = self._ctx.Pipe()
@@ -339,7 +342,7 @@ class RewardPool:
         With `return_stats=True` returns `(scores, stats)`; stats counts, for this call: `n`, `correct`,
         `wrong` (an answer was found and differs), `no_answer` (parse failures: nothing extractable, an unclosed
         thinking block with think=True, a non-string response), `no_gold` (answer None or empty), `timeouts`
-        (items that ran past the deadline), `errors` (exceptions, or a worker that crashed), `restarts`
+        (items that ran past the deadline), `errors` (exceptions, or two workers that died on the item), `restarts`
         (workers killed or crashed and replaced) and `seconds` (wall time).
         """
         responses, answers = list(responses), list(answers)
@@ -375,6 +378,7 @@ class RewardPool:
         while len(self._workers) < self.num_workers:
             self._workers.append(self._start_worker())
         restarts = 0
+        crashed = set()  # items a worker died on (not by a deadline) once already
 
         def idle(w):
             return w.ready and not w.draining and not w.queue
@@ -388,7 +392,7 @@ class RewardPool:
                         continue
                     try:
                         w.conn.send(("work", [(i, texts[i], golds[i]) for i in chunk]))
-                    except OSError:  # it died while idle; the collection step below replaces it
+                    except OSError:  # it died just now; the collection step below replaces it
                         todo.extendleft(reversed(chunk))
                         break
                     w.queue.extend(chunk)
@@ -450,20 +454,32 @@ class RewardPool:
                     alive = self._drain(w, codes)
                     if alive and not overdue(w, time.monotonic()):
                         continue
-                    if not w.ready:  # a broken installation, not a bad item: retrying would not help
-                        self._workers.remove(w)
+                    if not w.ready:
                         w.proc.kill()
                         w.proc.join(timeout=5.0)
-                        raise RuntimeError(f"a reward worker failed to start (exit code {w.proc.exitcode}); "
-                                           "try `python -c 'import math_verify'`")
+                        self._failed_starts += 1
+                        # Killed by a signal (from outside, the OOM killer) while it started: start another. An
+                        # error exit, a hung start-up or repeated deaths mean a broken installation instead.
+                        if alive or w.proc.exitcode >= 0 or self._failed_starts > MAX_FAILED_STARTS:
+                            self._workers.remove(w)
+                            raise RuntimeError(f"a reward worker failed to start (exit code {w.proc.exitcode}, "
+                                               f"{self._failed_starts} failed starts in a row); "
+                                               "try `python -c 'import math_verify'`")
+                        self._replace(w)
+                        restarts += 1
+                        continue
                     stuck = w.queue[0] if w.queue else None
                     if alive:
                         w.proc.kill()
                     w.proc.join(timeout=5.0)
                     self._drain(w, codes)  # results written just before the end still count
                     if w.queue and w.queue[0] == stuck and codes[stuck] is None:
-                        # Killed by us or by its CPU limit: a timeout; any other death: it crashed on this item.
-                        codes[stuck] = TIMEOUT if alive or w.proc.exitcode == -signal.SIGXCPU else ERROR
+                        if alive or w.proc.exitcode == -signal.SIGXCPU:  # killed by us or by its CPU limit
+                            codes[stuck] = TIMEOUT
+                        elif stuck in crashed:  # a second worker died on it: the item is the cause
+                            codes[stuck] = ERROR
+                        else:  # any other death may have had another cause (a kill from outside, the OOM
+                            crashed.add(stuck)  # killer) and may have come before the item began: retry once
                     todo.extendleft(i for i in reversed(w.queue) if codes[i] is None)  # the rest goes back in front
                     w.queue.clear()
                     self._replace(w)
@@ -490,6 +506,7 @@ class RewardPool:
                 index, code, w.since, w.cpu_since = w.conn.recv()  # its next item (if any) started then
                 if index == READY:
                     w.ready = True
+                    self._failed_starts = 0
                 elif index == CANCELLED:
                     w.draining = False
                 else:

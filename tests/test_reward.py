@@ -1,12 +1,12 @@
 """reward.py: official math-verify verdicts on real gold answers and common answer forms, garbage that must
 score wrong within the deadline, hard kills, balanced scheduling, and the <think> option."""
 
+import faulthandler
 import fractions
 import math
 import os
 import random
 import signal
-import threading
 import time
 
 import pytest
@@ -250,20 +250,92 @@ def test_stuck_worker_is_killed_and_replaced_and_the_pool_keeps_scoring(fast_poo
     assert stats["restarts"] == stats["timeouts"] == 0
 
 
-def test_a_worker_that_dies_is_replaced_and_its_item_counts_as_an_error():
-    with reward.RewardPool(workers=2, deadline=60.0) as pool:  # the deadline is not what ends this call
-        pool.score_batch([r"\boxed{1}"], [1])
-        pids = [w.proc.pid for w in pool._workers]
-        killer = threading.Timer(0.5, lambda: [os.kill(pid, signal.SIGKILL) for pid in pids])  # busy and idle
-        killer.start()
+def crashing_judge(marker, always):
+    """A judge that kills its worker (SIGSEGV) on responses starting "crash": every time, or the first time only."""
+    real = reward.judge
+
+    def judge(response, gold):
+        if response.startswith("crash") and (always or not marker.exists()):
+            marker.touch()
+            faulthandler.disable()  # pytest's handler would print the crash; the pool is what is tested
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return real(response, gold)
+    return judge
+
+
+@pytest.mark.parametrize("always", [False, True])
+def test_an_item_whose_worker_crashes_is_retried_once_then_counts_as_an_error(tmp_path, monkeypatch, always):
+    # The fork start method lets the workers inherit the patched judge.
+    monkeypatch.setattr(reward, "judge", crashing_judge(tmp_path / "crashed", always))
+    with reward.RewardPool(workers=2, deadline=60.0, chunk_size=4, start_method="fork") as pool:
+        responses = [r"\boxed{1}", r"crash \boxed{2}", r"\boxed{3}", r"\boxed{4}", r"\boxed{5}", r"\boxed{6}"]
         start = time.monotonic()
-        scores, stats = pool.score_batch([HANG], [5], return_stats=True)
-        killer.join()
-        assert scores == [-1.0] and time.monotonic() - start < 10.0
-        assert stats["errors"] == 1 and stats["timeouts"] == 0 and stats["restarts"] >= 1
+        scores, stats = pool.score_batch(responses, [1, 2, 3, 4, 5, 7], return_stats=True)
+        assert time.monotonic() - start < 20.0  # the deadline (60 s) played no part
+        # A crash on the retry makes the item an error; a worker that crashed once is not the item's fault.
+        assert scores == [1.0, -1.0 if always else 1.0, 1.0, 1.0, 1.0, -1.0]
+        assert stats["errors"] == (1 if always else 0) and stats["timeouts"] == 0
+        assert stats["restarts"] == (2 if always else 1)
+        assert (tmp_path / "crashed").exists()
+        # The replacements score normally.
         scores, stats = pool.score_batch([r"\boxed{2}", r"\boxed{3}"], [2, 2], return_stats=True)
-        assert scores == [1.0, -1.0]
-        assert not set(pids) & {w.proc.pid for w in pool._workers}  # both were replaced
+        assert scores == [1.0, -1.0] and stats["restarts"] == 0
+
+
+def test_a_worker_killed_while_idle_is_replaced_without_costing_an_item():
+    with reward.RewardPool(workers=2, deadline=60.0) as pool:
+        pool.score_batch([r"\boxed{1}", r"\boxed{2}"], [1, 2])
+        victim = next(w for w in pool._workers if w.ready).proc  # the other one may still be starting
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(timeout=10.0)
+        assert victim.exitcode == -signal.SIGKILL
+        scores, stats = pool.score_batch([rf"\boxed{{{i}}}" for i in range(8)], list(range(8)), return_stats=True)
+        assert scores == [1.0] * 8
+        assert stats["errors"] == 0 and stats["restarts"] == 1
+        assert victim.pid not in {w.proc.pid for w in pool._workers}
+
+
+def judge_that_kills_starting_workers(tokens, deaths):
+    """A judge whose first call in a worker (its warm-up) kills that worker with `deaths`: an int n kills the first
+    n workers (each claims one of n token files), "always" kills every one, "error" exits with an exception."""
+    real = reward.judge
+    warmed = []
+
+    def judge(response, gold):
+        if not warmed:
+            warmed.append(True)
+            if deaths == "error":
+                raise ImportError("math_verify is broken")
+            for k in range(1 if deaths == "always" else deaths):
+                try:
+                    os.close(os.open(tokens / str(k), os.O_CREAT | os.O_EXCL))
+                except FileExistsError:
+                    continue
+                os.kill(os.getpid(), signal.SIGKILL)
+            if deaths == "always":
+                os.kill(os.getpid(), signal.SIGKILL)
+        return real(response, gold)
+    return judge
+
+
+def test_workers_killed_while_starting_are_replaced(tmp_path, monkeypatch):
+    monkeypatch.setattr(reward, "judge", judge_that_kills_starting_workers(tmp_path, 3))
+    with reward.RewardPool(workers=2, deadline=60.0, start_method="fork") as pool:
+        scores, stats = pool.score_batch([rf"\boxed{{{i}}}" for i in range(6)], [0, 1, 2, 3, 4, 4],
+                                         return_stats=True)
+        assert scores == [1.0] * 5 + [-1.0]
+        assert stats["restarts"] == 3 and stats["errors"] == 0
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize("deaths, exit_code", [("always", -signal.SIGKILL), ("error", 1)])
+def test_a_worker_that_cannot_start_raises_a_clear_error(tmp_path, monkeypatch, deaths, exit_code):
+    # Every start dies, or the warm-up raises (a broken math-verify): retrying cannot help, so the call says so.
+    monkeypatch.setattr(reward, "judge", judge_that_kills_starting_workers(tmp_path, deaths))
+    with reward.RewardPool(workers=2, deadline=60.0, start_method="fork") as pool:
+        with pytest.raises(RuntimeError, match=rf"a reward worker failed to start \(exit code {exit_code}, .*"
+                                               r"import math_verify"):
+            pool.score_batch([r"\boxed{2}"], [2])
 
 
 # --- balanced scheduling ------------------------------------------------------------------------------

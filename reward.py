@@ -454,9 +454,11 @@ class RewardPool:
                     alive = self._drain(w, codes)
                     if alive and not overdue(w, time.monotonic()):
                         continue
-                    if not w.ready:
+                    stuck = w.queue[0] if w.queue else None
+                    if alive:
                         w.proc.kill()
-                        w.proc.join(timeout=5.0)
+                    w.proc.join(timeout=5.0)
+                    if not w.ready:
                         self._failed_starts += 1
                         # Killed by a signal (from outside, the OOM killer) while it started: start another. An
                         # error exit, a hung start-up or repeated deaths mean a broken installation instead.
@@ -465,13 +467,6 @@ class RewardPool:
                             raise RuntimeError(f"a reward worker failed to start (exit code {w.proc.exitcode}, "
                                                f"{self._failed_starts} failed starts in a row); "
                                                "try `python -c 'import math_verify'`")
-                        self._replace(w)
-                        restarts += 1
-                        continue
-                    stuck = w.queue[0] if w.queue else None
-                    if alive:
-                        w.proc.kill()
-                    w.proc.join(timeout=5.0)
                     self._drain(w, codes)  # results written just before the end still count
                     if w.queue and w.queue[0] == stuck and codes[stuck] is None:
                         if alive or w.proc.exitcode == -signal.SIGXCPU:  # killed by us or by its CPU limit

@@ -14,27 +14,35 @@ Wrong, unparsable and timed-out answers all score -1. Its only time limits are m
 through `signal.alarm`): they work only in a main thread, and an alarm lands only between Python bytecodes, so
 work stuck inside one long C call runs on (Math-Verify issue #65: nested powers that hang despite the timeout).
 
-Same verdicts here, with three differences:
-  * hard time limits: scoring runs in worker processes; an item that runs past `deadline` seconds has its worker
-    SIGKILLed and replaced, scores `wrong_reward` and counts as a timeout; the rest of the batch goes on.
-    math-verify's own alarms are off inside the workers: the kill is the time limit. (Time a worker spends waiting
-    for a CPU on an oversubscribed machine is forgiven, up to 4 x deadline; and a CPU-time rlimit ends a stuck
-    worker even if the trainer dies without killing it.)
-  * balanced scheduling: workers pull chunks of items as they free up and the deadline applies per item, so a
-    batch with h hang-prone items costs about ceil(h / workers) x deadline on top of the ordinary work.
+Same verdicts here, with these differences:
+  * hard time limits: scoring runs in worker processes, one item per worker at a time. The deadline is wall-clock
+    time, like the official `signal.alarm`, counted from the moment the item is handed to an idle worker: once
+    it has passed, the worker is SIGKILLed and replaced, the item scores `wrong_reward` and counts as a timeout,
+    and the rest of the batch goes on. So one item occupies a worker for at most `deadline` seconds plus the
+    kill (milliseconds), or about twice that if the first worker it ran on crashed under it (it is then retried
+    once on another).
+  * balanced scheduling: an item goes only to an idle worker, so none waits behind a hang, and a batch with h
+    hang-prone items costs about ceil(h / workers) x deadline on top of the ordinary work.
+  * a worker that dies other than by a deadline (a crash, the OOM killer, a kill from outside) is replaced and
+    its item retried once; an item two workers die on scores `wrong_reward` and counts as an error.
+  * bounded start-up: starting a worker waits at most START_TIMEOUT (60 s) for multiprocessing's fork server; one
+    that does not answer (stopped, deadlocked) is killed, and the next try starts a fresh one. After
+    MAX_FAILED_STARTS (3) failed starts in a row, or a worker that exits with an error or hangs while it warms up,
+    score_batch raises RuntimeError. So no call blocks forever.
+  * robust inputs: a gold that cannot be normalised (None, NaN, inf, a list, an int too long to print) scores
+    wrong and counts as "no gold"; a response that is not text scores wrong and counts as "no answer". No item
+    makes score_batch raise.
   * counts: timeouts, parse failures, errors and worker restarts come back with `return_stats=True`.
 Optional, off by default as in the official code: `think=True` scores only the text after the last `</think>`.
-
-Workers come from a `forkserver`: a fresh interpreter that imports math-verify once and forks each worker, so the
-trainer (PyTorch and vLLM threads, CUDA) is never forked, and a replacement worker is ready in under 0.1 s (the
-workers do not re-import the trainer's main script; see `_start_process`).
 """
 
 import collections
+import decimal
 import functools
 import logging
 import math
 import multiprocessing
+import multiprocessing.forkserver
 import numbers
 import os
 import re
@@ -50,12 +58,8 @@ from multiprocessing.connection import wait
 CORRECT_REWARD = 1.0  # official values
 WRONG_REWARD = -1.0
 DEFAULT_DEADLINE = 5.0  # seconds per item; the official code gives math-verify 5 s per call
-START_TIMEOUT = 120.0  # seconds a new worker may take to import and warm up before we give up
-MAX_FAILED_STARTS = 3  # workers in a row killed by a signal before they were ready, before we give up
-# A worker that got less than this share of a CPU while its item's deadline ran out was waiting for a CPU (an
-# oversubscribed machine), not stuck: it gets more time, up to STARVED_LIMIT deadlines.
-STARVED_SHARE = 0.25
-STARVED_LIMIT = 4.0
+START_TIMEOUT = 60.0  # seconds to fork a worker (a cold fork server imports math-verify first), and again to warm up
+MAX_FAILED_STARTS = 3  # failed worker starts in a row before we give up
 
 # Verdict codes, one small int per item: workers send CORRECT, WRONG, NO_ANSWER or ERROR; the parent sets the rest.
 CORRECT, WRONG, NO_ANSWER, NO_GOLD, TIMEOUT, ERROR = range(6)
@@ -65,30 +69,48 @@ _STAT_NAMES = {CORRECT: "correct", WRONG: "wrong", NO_ANSWER: "no_answer", NO_GO
 
 # --- inputs (parent side) ---------------------------------------------------------------------
 
-_INTEGRAL_DECIMAL = re.compile(r"[+-]?\d+\.0*")
+_INTEGRAL_DECIMAL = re.compile(r"([+-]?)(\d+)\.0*")
 
 
 def normalize_answer(answer):
     """Gold answer (int, float or LaTeX string) -> the string that goes inside \\boxed{}; None if there is none.
 
-    Benchmarks store ints, floats (AMC23: 27.0) or LaTeX strings. An integral float becomes the int string so
-    that 27.0 and 27 agree on the official exact-string shortcut as well as in `verify`.
+    Benchmarks store ints, floats (AMC23: 27.0) or LaTeX strings. An integral number becomes its exact integer
+    string, so that 27, 27.0 and "27.0" agree on the official exact-string shortcut as well as in `verify`.
+    A gold that cannot be normalised (NaN, inf, a list, an int too long to print...) gives None: "no gold".
     """
+    try:
+        return _normalize(answer)
+    except Exception:  # int -> str digit limit, an object whose methods raise: no gold rather than a lost batch
+        return None
+
+
+def _normalize(answer):
+    if isinstance(answer, (bytes, bytearray)):
+        answer = bytes(answer).decode("utf-8", "replace")
+    if isinstance(answer, decimal.Decimal):
+        answer = str(answer)
+    if isinstance(answer, str):
+        text = str.__str__(answer).strip()  # a plain str whatever the subclass: it must unpickle in a worker
+        integral = _INTEGRAL_DECIMAL.fullmatch(text)
+        if integral:  # "27.0" stored as a string: drop the zeros as text, exact however many digits
+            sign, digits = integral[1], integral[2].lstrip("0") or "0"
+            text = ("-" if sign == "-" and digits != "0" else "") + digits
+        return text or None
     if answer is None or isinstance(answer, bool):
         return None
-    if isinstance(answer, numbers.Rational):  # int, numpy ints, Fraction
+    if isinstance(answer, numbers.Integral):  # int, numpy ints
+        return str(int(answer))
+    if isinstance(answer, numbers.Rational):  # Fraction
         if answer.denominator == 1:
             return str(int(answer.numerator))
         return f"\\frac{{{answer.numerator}}}{{{answer.denominator}}}"
     if isinstance(answer, numbers.Real):  # float, numpy floats
         value = float(answer)
         if value.is_integer():
-            return str(int(value))
+            return str(int(value))  # exact: an integral float is exactly an integer (1e20 -> "100...0")
         return repr(value) if math.isfinite(value) else None
-    text = str(answer).strip()
-    if _INTEGRAL_DECIMAL.fullmatch(text):  # "27.0" stored as a string
-        text = str(int(float(text)))
-    return text or None
+    return None  # lists, dicts, other objects
 
 
 def strip_thinking(response, think):
@@ -96,12 +118,13 @@ def strip_thinking(response, think):
 
     With `think=True` a response without `</think>` scores wrong: its thinking never closed (with
     R1-Distill the opening `<think>` sits in the prompt, so a truncated response shows no tag at all).
-    Returns None for a response that cannot hold an answer.
+    Returns None for a response that cannot hold an answer (not text).
     """
     if isinstance(response, (bytes, bytearray)):
         response = bytes(response).decode("utf-8", "replace")
     if not isinstance(response, str):
         return None
+    response = str.__str__(response)  # a plain str whatever the subclass: it must unpickle in a worker
     if think:
         end = response.rfind("</think>")
         return None if end < 0 else response[end + len("</think>"):]
@@ -140,56 +163,28 @@ def _judge_safely(response, gold):
         return ERROR
 
 
-def _limit_cpu(seconds, hard):
-    # Kernel backstop, for when the parent dies without killing us: SIGXCPU ends this process once it has used
-    # `seconds` more CPU time, even inside a C call no Python signal handler could interrupt. While the parent
-    # lives its kill comes first: by then the item has used at most one deadline of CPU time.
-    used = resource.getrusage(resource.RUSAGE_SELF)
-    soft = int(used.ru_utime + used.ru_stime) + seconds
-    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
-
-
-READY, CANCELLED = -1, -2  # control messages from workers, in the index slot
-
-
-def _worker_main(conn, wake, cpu_seconds):
-    """Worker loop. Receives ("work", [(index, response, gold), ...]) and ("cancel", [index, ...]) on `conn`;
-    sends back (index, code, wall_time, cpu_time) for every item it scores, clocks read as it finished, plus
-    (READY, 0, ...) once at start and (CANCELLED, 0, ...) after each cancel. It writes to `wake` only when the
-    parent must act: after READY and CANCELLED, and when it runs out of items; per-item results wait in the pipe
-    until then, so the parent does not wake once per item. An idle worker exits when the parent's end of `conn`
-    closes; a busy one at the latest after `cpu_seconds` of CPU time on one item."""
+def _worker_main(conn, cpu_seconds):
+    """Worker loop: sends "ready" once warmed up, then answers each (response, gold) it receives with a verdict
+    code. Exits when sent None or when the parent's end of `conn` closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGXCPU would otherwise leave a core file
     hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # outcomes travel as codes, not log lines
     judge("\\boxed{1}", "1")  # compile the regexes and load the LaTeX parser before any deadline runs
-    conn.send((READY, 0, time.monotonic(), time.process_time()))
-    wake.send_bytes(b"")
-    items = collections.deque()
+    conn.send("ready")
     while True:
-        # Read what the parent sent (a cancel must land before the next item starts); block only when idle.
-        while not items or conn.poll():
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                return
-            if message is None:
-                return
-            kind, payload = message
-            if kind == "work":
-                items.extend(payload)
-            else:  # the parent gave these items to an idle worker while we were busy
-                dropped = set(payload)
-                items = collections.deque(item for item in items if item[0] not in dropped)
-                conn.send((CANCELLED, 0, time.monotonic(), time.process_time()))
-                wake.send_bytes(b"")
-        index, response, gold = items.popleft()
-        _limit_cpu(cpu_seconds, hard)
-        # One message per item, so that after a kill the parent knows exactly which items finished, and when.
-        conn.send((index, _judge_safely(response, gold), time.monotonic(), time.process_time()))
-        if not items:
-            wake.send_bytes(b"")
+        try:
+            item = conn.recv()
+        except (EOFError, OSError):
+            return
+        if item is None:
+            return
+        # Process exit (guarantee 7) even if the parent dies without killing us: the kernel ends this process
+        # (SIGXCPU) once this item has used a few seconds more CPU time than the deadline, even inside a C call.
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        soft = int(used.ru_utime + used.ru_stime) + cpu_seconds
+        resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+        conn.send(_judge_safely(*item))
 
 
 # --- the pool (parent side) -------------------------------------------------------------------
@@ -202,128 +197,118 @@ def _default_workers():
     return max(1, min(cores, 8))
 
 
-def _cpu_seconds(pid):
-    """CPU time process `pid` has used (Linux /proc; None elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 _start_lock = threading.Lock()
 
 
-def _start_process(proc):
-    """`proc.start()`, without the child re-running the parent's main script.
+def _start_process(proc, timeout, fork_server):
+    """`proc.start()`, given at most `timeout` seconds: a fork server that does not answer must not block
+    score_batch forever (it blocks there otherwise). Returns None, or why the start failed."""
+    failure = []
 
-    spawn and forkserver children import the parent's `__main__` again before they run (the fork server's
-    preload of `__main__` is handed no path in Python 3.11, so it does not help): for train.py that means torch,
-    transformers and vLLM again, seconds for every replaced worker. The worker's code lives in this module and
-    needs nothing from `__main__`, so while the child is set up `__main__` shows the spec of a `python -m`
-    entry point, whose re-import multiprocessing skips.
-    """
-    main = sys.modules.get("__main__")
-    if main is None or main.__dict__.get("_worker_main") is _worker_main:  # reward.py is itself the script
-        proc.start()
+    def start():
+        with _start_lock:
+            # Guarantee 6: spawn and forkserver children import the parent's `__main__` again before they run
+            # (for train.py: torch, transformers, vLLM, seconds per replaced worker). Workers need nothing from it,
+            # and multiprocessing skips that import for a `python -m` entry point, so while the child's start-up
+            # data is taken `__main__` shows that spec (unless reward.py is itself the script).
+            main = sys.modules.get("__main__")
+            spec = getattr(main, "__spec__", None)
+            if main is not None and __name__ != "__main__":
+                main.__spec__ = types.SimpleNamespace(name="__main__")
+            try:
+                proc.start()
+            except Exception as e:
+                failure.append(f"{type(e).__name__}: {e}")
+            finally:
+                if main is not None:
+                    main.__spec__ = spec
+
+    thread = threading.Thread(target=start, name="reward-start", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not thread.is_alive():
+        return failure[0] if failure else None
+    if fork_server:
+        _kill_fork_server()  # the start blocked on it reads EOF and fails at once
+        thread.join(5.0)
+    if thread.is_alive():
+        raise RuntimeError(f"could not start a reward worker: proc.start() blocked for {timeout:g} s, and killing "
+                           "multiprocessing's fork server did not release it")
+    return f"no answer from multiprocessing's fork server within {timeout:g} s; killed it"
+
+
+def _kill_fork_server():
+    # multiprocessing keeps no public handle on its fork server. Once this one is dead (it is our child, so
+    # multiprocessing's waitpid sees it) the next start launches a fresh one; wait for that without reaping it.
+    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    if pid is None:
         return
-    with _start_lock:
-        spec = main.__spec__
-        main.__spec__ = types.SimpleNamespace(name="__main__")
-        try:
-            proc.start()
-        finally:
-            main.__spec__ = spec
+    try:
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(200):
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                break
+            time.sleep(0.01)
+    except (ProcessLookupError, ChildProcessError):
+        pass
 
 
-def _stop_workers(workers):
+def _kill(w):
+    # By pid: once a fork server has been replaced, multiprocessing takes the workers it forked for dead.
+    try:
+        os.kill(w.proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _stop_workers(workers, owner):
+    if os.getpid() != owner:  # guarantee 7: a forked copy of a pool must not stop its parent's workers
+        return
     for w in workers:
         try:
             w.conn.send(None)
-        except Exception:
+        except OSError:
             pass
     end = time.monotonic() + 1.0  # idle workers exit at once; busy ones are killed after a second
     for w in workers:
         w.proc.join(timeout=max(0.0, end - time.monotonic()))
-        if w.proc.is_alive():
-            w.proc.kill()
-            w.proc.join(timeout=5.0)
+        if w.proc.exitcode is None:
+            _kill(w)
+            w.proc.join(timeout=1.0)
         w.conn.close()
-        w.wake.close()
     workers.clear()
 
 
 class RewardPool:
     """Worker processes that score (response, gold) pairs with a hard per-item deadline.
 
-    workers      processes (default: usable cores, at most 8)
-    deadline     seconds one item may run before its worker is killed and replaced. Wall-clock seconds, except
-                 that a worker which got under a quarter of a CPU meanwhile was only waiting for one (the machine
-                 is oversubscribed): it gets more time, up to 4 x deadline, so a load spike cannot fail an answer
-    chunk_size   most items sent to a worker in one message; chunks shrink as a batch drains
-    steal_after  seconds an item may run before the unstarted rest of its worker's chunk goes to idle workers
-    Workers start on first use and are reused across calls; `close()`, garbage collection or the end of the
-    process stops them.
-    `totals` holds the counts summed over all calls.
-
-    Scheduling: items go out in chunks, in batch order, to whichever worker is free. Each worker streams back one
-    result per item, stamped with the time it finished, so the parent always knows which item a worker is on and
-    since when: an item's deadline starts when the one before it finished. The parent reads results when it has
-    to act anyway (a worker ran out of items, a deadline is due), not once per item. When no work is left to hand
-    out but a worker is stuck on a slow item with unstarted items behind it, those items are cancelled there (the
-    worker confirms) and handed to idle workers. So a hang delays only itself, and h hangs cost about
-    ceil(h / workers) deadlines in all. A worker that dies other than by a deadline (a crash, a kill from outside)
-    is replaced and the item it was on is retried once; an item two workers die on counts as an error.
+    workers       processes (default: usable cores, at most 8)
+    deadline      wall-clock seconds an item may run, from the moment it is handed to an idle worker, before that
+                  worker is killed and replaced
+    start_method  "forkserver"; tests use "fork" to hand workers a patched `judge`
+    Workers start on first use and are reused across calls; `close()`, the context manager, garbage collection or
+    the end of the process stops them. `totals` holds the counts summed over all calls.
     """
 
-    def __init__(self, workers=None, deadline=DEFAULT_DEADLINE, chunk_size=32, steal_after=0.25,
-                 start_method="forkserver"):
+    def __init__(self, workers=None, deadline=DEFAULT_DEADLINE, start_method="forkserver"):
         self.num_workers = workers or _default_workers()
         self.deadline = float(deadline)
-        self.chunk_size = max(1, int(chunk_size))
-        self.steal_after = float(steal_after)
         self._ctx = multiprocessing.get_context(start_method)
         if start_method == "forkserver":
-            # Takes effect if the fork server is not running yet: it then imports math-verify once, and each
-            # worker is a cheap fork of it.
+            # Guarantee 3: the fork server, started on first use, imports math-verify once and forks each worker
+            # from there: a replacement is ready in about 0.1 s, and the trainer itself is never forked.
             self._ctx.set_forkserver_preload(["math_verify", __name__])
         self._workers = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self._finalizer = weakref.finalize(self, _stop_workers, self._workers)
+        # Guarantee 7: close(), the context manager, garbage collection and process exit all end up here, once.
+        self._finalizer = weakref.finalize(self, _stop_workers, self._workers, self._pid)
+        self._failed_starts = 0  # worker starts in a row that failed or died before the worker was ready
         self.totals = collections.Counter()
-        self._failed_starts = 0  # workers in a row that died before they were ready
-
-    def _start_worker(self):
-        parent_end, child_end = self._ctx.Pipe()
-        wake_r, wake_w = self._ctx.Pipe(duplex=False)
-        cpu_seconds = math.ceil(self.deadline) + 2  # see _limit_cpu
-        proc = self._ctx.Process(target=_worker_main, args=(child_end, wake_w, cpu_seconds), name="reward-worker",
-                                 daemon=True)
-        _start_process(proc)
-        child_end.close()
-        wake_w.close()
-        # queue: the indices it holds, in the order it runs them; since, cpu_since: wall clock and its CPU time
-        # when its current item (or start-up) began; draining: a cancel is not confirmed yet, so it may be running
-        # an item we handed elsewhere.
-        return types.SimpleNamespace(proc=proc, conn=parent_end, wake=wake_r, queue=collections.deque(),
-                                     since=time.monotonic(), cpu_since=0.0, ready=False, draining=False)
-
-    def _replace(self, w):
-        """Kill `w` (if still alive) and put a fresh worker in its slot."""
-        w.proc.kill()
-        w.proc.join(timeout=5.0)
-        w.conn.close()
-        w.wake.close()
-        self._workers[self._workers.index(w)] = self._start_worker()
 
     def close(self):
         """Stop the workers. Idempotent; a closed pool cannot score again."""
-        if os.getpid() == self._pid:  # a forked copy of this object must not stop the parent's workers
-            self._finalizer()
-        else:
-            self._finalizer.detach()
+        self._finalizer()
 
     @property
     def closed(self):
@@ -341,9 +326,10 @@ class RewardPool:
 
         With `return_stats=True` returns `(scores, stats)`; stats counts, for this call: `n`, `correct`,
         `wrong` (an answer was found and differs), `no_answer` (parse failures: nothing extractable, an unclosed
-        thinking block with think=True, a non-string response), `no_gold` (answer None or empty), `timeouts`
-        (items that ran past the deadline), `errors` (exceptions, or two workers that died on the item), `restarts`
-        (workers killed or crashed and replaced) and `seconds` (wall time).
+        thinking block with think=True, a response that is not text), `no_gold` (a gold answer that is None,
+        empty or cannot be normalised), `timeouts` (items that ran past the deadline), `errors` (exceptions, or two
+        workers that died on the item), `restarts` (workers killed or crashed and replaced) and `seconds` (wall
+        time).
         """
         responses, answers = list(responses), list(answers)
         if len(responses) != len(answers):
@@ -351,167 +337,116 @@ class RewardPool:
         if self.closed or os.getpid() != self._pid:
             raise RuntimeError("score_batch on a closed RewardPool, or on one created by another process")
         start = time.monotonic()
-        n = len(responses)
-        codes = [None] * n
-        texts, golds = [None] * n, [None] * n
-        for i in range(n):
-            golds[i] = normalize_answer(answers[i])
-            texts[i] = strip_thinking(responses[i], think)
-            if golds[i] is None:
-                codes[i] = NO_GOLD
-            elif texts[i] is None:
-                codes[i] = NO_ANSWER
-        todo = collections.deque(i for i in range(n) if codes[i] is None)
+        golds = [normalize_answer(a) for a in answers]
+        texts = [strip_thinking(r, think) for r in responses]
+        codes = [NO_GOLD if g is None else NO_ANSWER if t is None else None for t, g in zip(texts, golds)]
         with self._lock:
-            restarts = self._run(todo, texts, golds, codes) if todo else 0
+            restarts = self._run(texts, golds, codes) if None in codes else 0
             stats = dict.fromkeys(["n", *_STAT_NAMES.values(), "restarts"], 0)
             for code in codes:
                 stats[_STAT_NAMES[code]] += 1
-            stats.update(n=n, restarts=restarts)
+            stats.update(n=len(codes), restarts=restarts)
             self.totals.update(stats)
         stats["seconds"] = time.monotonic() - start
         scores = [correct_reward if code == CORRECT else wrong_reward for code in codes]
         return (scores, stats) if return_stats else scores
 
-    def _run(self, todo, texts, golds, codes):
-        """Hand `todo` out until every item has a code. Returns the number of workers replaced."""
-        while len(self._workers) < self.num_workers:
-            self._workers.append(self._start_worker())
-        restarts = 0
+    def _run(self, texts, golds, codes):
+        """Score every item whose code is None. Returns the number of workers replaced."""
+        todo = collections.deque(i for i, code in enumerate(codes) if code is None)
         crashed = set()  # items a worker died on (not by a deadline) once already
-
-        def idle(w):
-            return w.ready and not w.draining and not w.queue
-
-        def feed():
-            for w in self._workers:
-                while idle(w) and todo:
-                    size = min(self.chunk_size, -(-len(todo) // (2 * len(self._workers))))
-                    chunk = [i for i in (todo.popleft() for _ in range(min(size, len(todo)))) if codes[i] is None]
-                    if not chunk:
-                        continue
-                    try:
-                        w.conn.send(("work", [(i, texts[i], golds[i]) for i in chunk]))
-                    except OSError:  # it died just now; the collection step below replaces it
-                        todo.extendleft(reversed(chunk))
-                        break
-                    w.queue.extend(chunk)
-                    w.since = time.monotonic()  # it was waiting in recv: its first item starts now
-
-        def busy(w):  # running an item we track, or possibly one we handed elsewhere (unconfirmed cancel)
-            return w.queue or w.draining
-
-        def next_look(w, now):  # when `w` may next be overdue
-            if not w.ready:
-                return w.since + START_TIMEOUT
-            if not busy(w):
-                return math.inf
-            due = w.since + self.deadline
-            return due if due > now else now + 0.05  # starved: look again shortly
-
-        def overdue(w, now):
-            if not w.ready:
-                return now - w.since > START_TIMEOUT
-            wall = now - w.since
-            if not busy(w) or wall <= self.deadline:
-                return False
-            if wall >= STARVED_LIMIT * self.deadline:
-                return True
-            cpu = _cpu_seconds(w.proc.pid)  # time spent waiting for a CPU does not count against the item
-            return cpu is None or cpu - w.cpu_since >= STARVED_SHARE * wall
-
+        restarts = 0
         try:
-            while todo or any(w.queue or w.draining for w in self._workers):
-                # 1. Free workers pull the next chunk. With nothing left to hand out, a worker stuck on one item
-                #    gives up the items queued behind it, which free workers then pull.
-                feed()
-                wake = []
-                if not todo and any(idle(w) for w in self._workers):
-                    for v in self._workers:
-                        if len(v.queue) < 2 or v.draining:
-                            continue
-                        if time.monotonic() - v.since < self.steal_after:
-                            wake.append(v.since + self.steal_after)
-                            continue
-                        stolen = list(v.queue)[1:]
-                        try:
-                            v.conn.send(("cancel", stolen))
-                        except OSError:  # it just died; step 3 replaces it
-                            pass
-                        v.queue, v.draining = collections.deque([v.queue[0]]), True
-                        todo.extend(stolen)
-                    feed()
-
-                # 2. Sleep until a worker runs out of items or confirms, a death, a deadline or a time to steal.
+            while len(self._workers) < self.num_workers:
+                self._workers.append(self._start_worker())
+            while todo or any(w.item is not None for w in self._workers):
+                # Guarantee 5: an item goes only to an idle worker, so none waits behind a hang.
                 now = time.monotonic()
-                wake += [next_look(w, now) for w in self._workers]
-                timeout = max(0.0, min(wake) - now)
-                wait([w.wake for w in self._workers] + [w.proc.sentinel for w in self._workers],
-                     None if math.isinf(timeout) else timeout)
-
-                # 3. Collect results; replace workers that died or ran past their limit.
+                for w in self._workers:
+                    if w.ready and w.item is None and todo:
+                        w.item, w.since = todo.popleft(), now
+                        try:
+                            w.conn.send((texts[w.item], golds[w.item]))
+                        except OSError:  # it just died: its pipe reads EOF below
+                            pass
+                # Sleep until a worker answers or dies, or a deadline (guarantee 2) or start-up limit is due.
+                due = min(map(self._due, self._workers))
+                answered = wait([w.conn for w in self._workers], max(0.0, min(due - now, START_TIMEOUT)))
+                now = time.monotonic()
                 for w in list(self._workers):
-                    alive = self._drain(w, codes)
-                    if alive and not overdue(w, time.monotonic()):
+                    alive = True
+                    if w.conn in answered:
+                        try:
+                            message = w.conn.recv()
+                        except (EOFError, OSError):  # its end of the pipe closed: the process is gone
+                            alive = False
+                        else:
+                            if w.ready:
+                                codes[w.item], w.item = message, None
+                            else:  # "ready"
+                                w.ready, self._failed_starts = True, 0
+                    if alive and now < self._due(w):
                         continue
-                    stuck = w.queue[0] if w.queue else None
-                    if alive:
-                        w.proc.kill()
-                    w.proc.join(timeout=5.0)
-                    if not w.ready:
-                        self._failed_starts += 1
-                        # Killed by a signal (from outside, the OOM killer) while it started: start another. An
-                        # error exit, a hung start-up or repeated deaths mean a broken installation instead.
-                        if alive or w.proc.exitcode >= 0 or self._failed_starts > MAX_FAILED_STARTS:
-                            self._workers.remove(w)
-                            raise RuntimeError(f"a reward worker failed to start (exit code {w.proc.exitcode}, "
-                                               f"{self._failed_starts} failed starts in a row); "
-                                               "try `python -c 'import math_verify'`")
-                    self._drain(w, codes)  # results written just before the end still count
-                    if w.queue and w.queue[0] == stuck and codes[stuck] is None:
-                        if alive or w.proc.exitcode == -signal.SIGXCPU:  # killed by us or by its CPU limit
-                            codes[stuck] = TIMEOUT
-                        elif stuck in crashed:  # a second worker died on it: the item is the cause
-                            codes[stuck] = ERROR
-                        else:  # any other death may have had another cause (a kill from outside, the OOM
-                            crashed.add(stuck)  # killer) and may have come before the item began: retry once
-                    todo.extendleft(i for i in reversed(w.queue) if codes[i] is None)  # the rest goes back in front
-                    w.queue.clear()
-                    self._replace(w)
+                    self._retire(w, alive, codes, todo, crashed)
+                    self._workers.append(self._start_worker())
                     restarts += 1
         except BaseException:
-            # Interrupted (Ctrl-C, an error): a worker still holding items would send stale results into the next
-            # call, so replace it.
-            for w in list(self._workers):
-                if w.queue or w.draining:
-                    self._replace(w)
+            # Interrupted (Ctrl-C, an error): a worker still holding an item would answer it in the next call.
+            for w in [w for w in self._workers if w.item is not None]:
+                _kill(w)
+                w.conn.close()
+                self._workers.remove(w)
             raise
         return restarts
 
-    def _drain(self, w, codes):
-        """Read everything `w` has sent. Returns False if its pipes are closed (the worker is gone)."""
-        alive = True
-        try:  # wake-ups first: every result written before a wake-up is then readable below
-            while w.wake.poll():
-                w.wake.recv_bytes()
-        except (EOFError, OSError):
-            alive = False
-        try:
-            while w.conn.poll():
-                index, code, w.since, w.cpu_since = w.conn.recv()  # its next item (if any) started then
-                if index == READY:
-                    w.ready = True
-                    self._failed_starts = 0
-                elif index == CANCELLED:
-                    w.draining = False
-                else:
-                    if w.queue and w.queue[0] == index:
-                        w.queue.popleft()
-                    if codes[index] is None:  # may also be an item it began just before a cancel reached it
-                        codes[index] = code
-        except (EOFError, OSError):
-            alive = False
-        return alive
+    def _due(self, w):
+        """When `w` must have answered: the end of its start-up or its item's deadline; inf when idle."""
+        if not w.ready:
+            return w.since + START_TIMEOUT
+        return math.inf if w.item is None else w.since + self.deadline
+
+    def _retire(self, w, alive, codes, todo, crashed):
+        """Take out `w`, which died (alive=False) or ran out of time (alive=True: killed here); settle its item."""
+        if alive:
+            _kill(w)
+        w.proc.join(timeout=0.0 if alive else 1.0)  # a dead worker's exit code says how it died (ms, normally)
+        w.conn.close()
+        self._workers.remove(w)
+        exitcode = w.proc.exitcode
+        if not w.ready:
+            if alive:
+                self._start_failed(f"no ready signal within {START_TIMEOUT:g} s", fatal=True)
+            self._start_failed(f"exit code {exitcode}", fatal=exitcode is not None and exitcode >= 0)
+        elif w.item is not None:
+            if alive or exitcode == -signal.SIGXCPU:  # guarantee 2: killed by us, or by its CPU-time limit
+                codes[w.item] = TIMEOUT
+            elif w.item in crashed:  # guarantee 4: a second worker died on it, so the item is the cause
+                codes[w.item] = ERROR
+            else:  # any other death may have had another cause (a kill from outside, the OOM killer): retry once
+                crashed.add(w.item)
+                todo.appendleft(w.item)
+
+    def _start_worker(self):
+        """A new worker, not ready yet: it says so once warmed up. Each try waits at most START_TIMEOUT."""
+        while True:
+            parent_end, child_end = self._ctx.Pipe()
+            proc = self._ctx.Process(target=_worker_main, args=(child_end, math.ceil(self.deadline) + 2),
+                                     name="reward-worker", daemon=True)
+            failure = _start_process(proc, START_TIMEOUT, self._ctx.get_start_method() == "forkserver")
+            child_end.close()
+            if failure is None:
+                return types.SimpleNamespace(proc=proc, conn=parent_end, item=None, since=time.monotonic(),
+                                             ready=False)
+            parent_end.close()
+            self._start_failed(f"proc.start(): {failure}")
+
+    def _start_failed(self, why, fatal=False):
+        # Guarantee 4: a start that failed or was killed (from outside, the OOM killer) is tried again; an error
+        # exit, a start-up that never finishes, or MAX_FAILED_STARTS failures in a row mean a broken installation.
+        self._failed_starts += 1
+        if fatal or self._failed_starts > MAX_FAILED_STARTS:
+            raise RuntimeError(f"a reward worker failed to start ({why}, {self._failed_starts} failed starts in a "
+                               "row); try `python -c 'import math_verify'`")
 
 
 # --- module-level default pool ----------------------------------------------------------------

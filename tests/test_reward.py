@@ -7,8 +7,10 @@ import math
 import os
 import random
 import signal
+import threading
 import time
 
+import math_verify  # noqa: F401  (workers started with fork inherit it instead of importing it each)
 import pytest
 
 import reward
@@ -45,10 +47,13 @@ def check(pool, cases, **kwargs):
 # --- real gold answers --------------------------------------------------------------------------
 
 def benchmark_golds():
-    """(benchmark, gold answer) for the 630 problems, read by evaluate.py's loaders (FACTS §7 layouts)."""
-    import evaluate
+    """(benchmark, gold answer) for the 630 problems, read by the project's loaders (FACTS §7 layouts)."""
+    try:
+        from data import load_benchmark  # the loaders moved from evaluate.py to data.py
+    except ImportError:
+        from evaluate import load_benchmark
     return [(name, p["answer"]) for name in ("aime24", "aime25", "hmmt25", "math500", "amc23")
-            for p in evaluate.load_benchmark(name, data_dir=BENCHMARKS)]
+            for p in load_benchmark(name, data_dir=BENCHMARKS)]
 
 
 @pytest.mark.skipif(not os.path.isdir(BENCHMARKS), reason="../shared/benchmarks not present")
@@ -147,6 +152,50 @@ def test_normalize_answer():
     assert reward.normalize_answer(math.nan) is None
 
 
+class Unprintable:
+    def __str__(self):
+        raise RuntimeError("no str for you")
+
+
+class OddStr(str):
+    def __str__(self):
+        raise RuntimeError("no str for you")
+
+
+def test_normalize_answer_is_exact_for_large_integral_golds():
+    # Through a float, "12345678901234567891.0" became ...567168 and "9007199254740993.0" ...992.
+    assert reward.normalize_answer("12345678901234567891.0") == "12345678901234567891"
+    assert reward.normalize_answer("9007199254740993.0") == "9007199254740993"
+    assert reward.normalize_answer("1" + "0" * 400 + ".0") == "1" + "0" * 400
+    assert reward.normalize_answer("-0012.000") == "-12"
+    assert reward.normalize_answer("+5.0") == "5"
+    assert reward.normalize_answer("-0.0") == "0"
+    assert reward.normalize_answer(1e20) == "100000000000000000000"
+    assert reward.normalize_answer(2.0 ** 70) == str(2 ** 70)
+    assert reward.normalize_answer(10 ** 30) == "1" + "0" * 30
+    assert reward.normalize_answer(fractions.Fraction(6, 3)) == "2"
+    assert reward.normalize_answer(b" 27.0 ") == "27"
+    assert reward.normalize_answer(OddStr("27.0")) == "27" and type(reward.normalize_answer(OddStr("27"))) is str
+
+
+UNNORMALISABLE = {
+    "10**5000 (too long to print)": 10 ** 5000,
+    "inf": math.inf,
+    "-inf": -math.inf,
+    "nan": math.nan,
+    "list": [1, 2],
+    "dict": {"answer": 3},
+    "unprintable object": Unprintable(),
+    "bool": True,
+    "empty bytes": b"",
+}
+
+
+def test_normalize_answer_never_raises():
+    for name, gold in UNNORMALISABLE.items():
+        assert reward.normalize_answer(gold) is None, name
+
+
 def test_rewards_are_configurable_and_stats_count_each_outcome(pool):
     responses = [r"\boxed{3}", r"\boxed{4}", "no answer here", r"\boxed{3}"]
     scores, stats = pool.score_batch(responses, [3, 3, 3, None], correct_reward=1.0, wrong_reward=0.0,
@@ -160,6 +209,73 @@ def test_answers_of_wrong_length_raise(pool):
     with pytest.raises(ValueError, match=r"3 responses but 2 answers"):
         pool.score_batch(["a", "b", "c"], [1, 2])
     assert pool.score_batch([], []) == []
+
+
+def test_large_integral_golds_score_exactly(pool):
+    big = "1" + "0" * 400
+    check(pool, [
+        (r"So \boxed{12345678901234567891}", "12345678901234567891.0", 1.0),
+        (r"So \boxed{12345678901234567892}", "12345678901234567891.0", -1.0),
+        (r"So \boxed{12345678901234567168}", "12345678901234567891.0", -1.0),  # what the float made of it
+        (r"So \boxed{9007199254740993}", "9007199254740993.0", 1.0),
+        (r"So \boxed{9007199254740992}", "9007199254740993.0", -1.0),
+        (rf"So \boxed{{{big}}}", big + ".0", 1.0),
+        (rf"So \boxed{{{big[:-1]}1}}", big + ".0", -1.0),
+        (r"So \boxed{100000000000000000000}", 1e20, 1.0),
+        (r"So \boxed{100000000000000000001}", 1e20, -1.0),
+    ])
+
+
+def test_golds_that_cannot_be_normalised_score_as_no_gold_and_the_batch_goes_on(pool):
+    bad = list(UNNORMALISABLE.values())
+    responses = [r"\boxed{3}"] + [r"\boxed{1}"] * len(bad) + [r"\boxed{4}", r"\boxed{5}"]
+    scores, stats = pool.score_batch(responses, [3] + bad + [4, 6], return_stats=True)
+    assert scores == [1.0] + [-1.0] * len(bad) + [1.0, -1.0]
+    assert stats["no_gold"] == len(bad) and stats["correct"] == 2 and stats["wrong"] == 1
+
+
+def test_a_gold_too_long_for_an_int_does_not_stop_the_batch(pool):
+    huge = "1" + "0" * 5000  # past Python's 4,300-digit int/str limit, which math-verify meets inside the worker
+    scores, stats = pool.score_batch([rf"\boxed{{{huge}}}", r"\boxed{2}"], [huge + ".0", 2], return_stats=True)
+    assert scores[1] == 1.0 and stats["n"] == 2 and stats["timeouts"] == 0
+
+
+def test_numpy_golds():
+    np = pytest.importorskip("numpy")
+    assert reward.normalize_answer(np.int64(-7)) == "-7"
+    assert reward.normalize_answer(np.float64(27.0)) == "27"
+    assert reward.normalize_answer(np.float32(0.5)) == "0.5"
+    assert reward.normalize_answer(np.float64("nan")) is None
+    assert reward.normalize_answer(np.array([1, 2])) is None
+
+
+def test_responses_that_are_not_text_score_as_no_answer(pool):
+    responses = [None, 3, 3.0, [r"\boxed{3}"], {"a": r"\boxed{3}"}, Unprintable(), b"\\boxed{3}",
+                 bytearray(b"\\boxed{3}"), OddStr(r"\boxed{3}"), r"\boxed{3}"]
+    scores, stats = pool.score_batch(responses, [3] * len(responses), return_stats=True)
+    assert scores == [-1.0] * 6 + [1.0] * 4
+    assert stats["no_answer"] == 6 and stats["correct"] == 4
+
+
+def test_a_closed_pool_raises_and_a_forked_copy_does_not_stop_the_workers():
+    pool = reward.RewardPool(workers=2)
+    pool.score_batch([r"\boxed{1}", r"\boxed{2}"], [1, 2])
+    before = [w.proc.pid for w in pool._workers]
+    child = os.fork()
+    if child == 0:  # what garbage collection, the end of the process or close() would do in a forked copy
+        try:
+            pool._finalizer()
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+    scores, stats = pool.score_batch([rf"\boxed{{{i}}}" for i in range(6)], list(range(6)), return_stats=True)
+    assert scores == [1.0] * 6 and stats["restarts"] == 0
+    assert [w.proc.pid for w in pool._workers] == before
+    procs = [w.proc for w in pool._workers]
+    pool.close()
+    assert pool.closed and not any(p.is_alive() for p in procs)
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.score_batch([r"\boxed{1}"], [1])
 
 
 def test_module_level_functions_use_a_reused_default_pool():
@@ -267,7 +383,7 @@ def crashing_judge(marker, always):
 def test_an_item_whose_worker_crashes_is_retried_once_then_counts_as_an_error(tmp_path, monkeypatch, always):
     # The fork start method lets the workers inherit the patched judge.
     monkeypatch.setattr(reward, "judge", crashing_judge(tmp_path / "crashed", always))
-    with reward.RewardPool(workers=2, deadline=60.0, chunk_size=4, start_method="fork") as pool:
+    with reward.RewardPool(workers=2, deadline=60.0, start_method="fork") as pool:
         responses = [r"\boxed{1}", r"crash \boxed{2}", r"\boxed{3}", r"\boxed{4}", r"\boxed{5}", r"\boxed{6}"]
         start = time.monotonic()
         scores, stats = pool.score_batch(responses, [1, 2, 3, 4, 5, 7], return_stats=True)
@@ -336,6 +452,61 @@ def test_a_worker_that_cannot_start_raises_a_clear_error(tmp_path, monkeypatch, 
         with pytest.raises(RuntimeError, match=rf"a reward worker failed to start \(exit code {exit_code}, .*"
                                                r"import math_verify"):
             pool.score_batch([r"\boxed{2}"], [2])
+
+
+def test_a_worker_whose_start_up_never_finishes_raises_a_clear_error(monkeypatch):
+    real = reward.judge
+
+    def judge(response, gold):  # the warm-up hangs, as an import stuck on a network file system would
+        if response == "\\boxed{1}" and gold == "1":
+            time.sleep(3600)
+        return real(response, gold)
+    monkeypatch.setattr(reward, "judge", judge)
+    monkeypatch.setattr(reward, "START_TIMEOUT", 1.0)
+    with reward.RewardPool(workers=1, deadline=60.0, start_method="fork") as pool:
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"a reward worker failed to start \(no ready signal within 1 s"):
+            pool.score_batch([r"\boxed{2}"], [2])
+        assert time.monotonic() - start < 10.0
+
+
+def parent_pid(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_a_stopped_fork_server_is_replaced_within_a_bounded_time(monkeypatch):
+    monkeypatch.setattr(reward, "START_TIMEOUT", 4.0)  # the first start after the stop waits this long
+    with reward.RewardPool(workers=2, deadline=60.0) as pool:
+        pool.score_batch([rf"\boxed{{{i}}}" for i in range(8)], list(range(8)))
+        survivor, victim = (w.proc for w in pool._workers)
+        server = parent_pid(survivor.pid)
+        assert server != os.getpid()  # workers are forks of the fork server, not of us
+        done = []
+        call = threading.Thread(daemon=True, target=lambda: done.append(pool.score_batch(
+            [rf"\boxed{{{i}}}" for i in range(20)], list(range(20)), return_stats=True)))
+        os.kill(server, signal.SIGSTOP)
+        try:
+            os.kill(victim.pid, signal.SIGKILL)  # its replacement needs the stopped fork server
+            start = time.monotonic()
+            call.start()
+            call.join(30.0)
+            elapsed = time.monotonic() - start
+            assert not call.is_alive(), "score_batch blocked on a stopped fork server"
+        finally:
+            try:
+                os.kill(server, signal.SIGCONT)
+            except ProcessLookupError:  # killed and reaped: the pool did that
+                pass
+            call.join(30.0)
+        scores, stats = done[0]
+        assert scores == [1.0] * 20 and stats["errors"] == stats["timeouts"] == 0 and stats["restarts"] >= 1
+        assert elapsed < 20.0, f"{elapsed:.1f} s"
+        replacement = next(w.proc for w in pool._workers if w.proc is not survivor)
+        assert parent_pid(replacement.pid) not in (server, os.getpid())  # forked by a fresh fork server
+        scores, stats = pool.score_batch([rf"\boxed{{{i}}}" for i in range(8)], list(range(8)), return_stats=True)
+        assert scores == [1.0] * 8 and stats["restarts"] == 0
 
 
 # --- balanced scheduling ------------------------------------------------------------------------------

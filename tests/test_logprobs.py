@@ -1,0 +1,498 @@
+"""logprobs.py: both kernels against autograd through a naive log_softmax, on a bare head and on real (tiny, random)
+Qwen2 models, tied and untied, padded, bf16, checkpointed, sharded by FSDP2; the truncation statistics against vLLM's
+rule; the memory claim in a fresh process."""
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import logprobs as LP
+from conftest import ROOT
+
+
+def naive_logprobs_and_entropy(logits, targets, temperature):
+    logsm = torch.log_softmax(logits.double() / temperature, dim=-1)
+    logp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logsm.exp() * logsm).sum(-1)
+    return logp, entropy
+
+
+def tiny_qwen2(tied, seed=0, vocab=300):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         tie_word_embeddings=tied)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():  # a random head gives near-uniform softmaxes; sharper ones test more
+        model.get_output_embeddings().weight.mul_(8.0)
+    return model
+
+
+def padded_batch(seed=0, vocab=300, prompts=(5, 2, 7), responses=(6, 9, 1), select=None):
+    """train.collate's layout: prompts left-padded into P columns, responses right-padded into R. Sequence i's tokens
+    depend on (seed, i) only, so a selection of sequences (one rank's share) holds the same sequences, padded anew."""
+    select = range(len(prompts)) if select is None else select
+    prompts, responses = [prompts[i] for i in select], [responses[i] for i in select]
+    P, R = max(prompts), max(responses)
+    ids = torch.zeros(len(prompts), P + R, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for row, (i, p, r) in enumerate(zip(select, prompts, responses)):
+        g = torch.Generator().manual_seed(1000 * seed + i)
+        ids[row, P - p:P + r] = torch.randint(1, vocab, (p + r,), generator=g)
+        attention[row, P - p:P + r] = 1
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    return ids, attention, positions, ids[:, P:], attention[:, P:].double()
+
+
+def run_model(model, batch, fused, temperature=0.7, autocast_dtype=None, seed=1):
+    """model_logprobs plus a loss that uses both outputs; returns (logp, entropy, {param name: grad})."""
+    ids, attention, positions, response, mask = batch
+    model.zero_grad(set_to_none=True)
+    logp, entropy = LP.model_logprobs(model, ids, attention, positions, response, temperature=temperature,
+                                      autocast_dtype=autocast_dtype, fused=fused)
+    g = torch.Generator().manual_seed(seed)
+    a, c = torch.randn(logp.shape, generator=g), torch.randn(logp.shape, generator=g)
+    ((a * logp + 0.5 * c * entropy) * mask).sum().backward()
+    return logp.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def assert_same_run(got, want, tol):
+    torch.testing.assert_close(got[0], want[0], rtol=tol, atol=tol)
+    torch.testing.assert_close(got[1], want[1], rtol=tol, atol=tol)
+    assert got[2].keys() == want[2].keys()
+    for name in want[2]:
+        torch.testing.assert_close(got[2][name], want[2][name], rtol=tol, atol=tol, msg=name)
+
+
+# --- 1. the chunked kernel on logits (moved from test_loss.py) --------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk_elements", [2**25, 3 * 50, 1000 * 50])  # one chunk; < one row; several rows
+def test_chunked_logprobs_match_naive(dtype, temperature, chunk_elements):
+    g = torch.Generator().manual_seed(0)
+    vocab = 50
+    full = (torch.randn(4, 9, vocab, generator=g) * 3).to(dtype)
+    logits = full[:, :-1].detach().requires_grad_(False)  # a non-contiguous view, as models' logits are sliced
+    base = full.clone().requires_grad_(True)
+    targets = torch.randint(0, vocab, (4, 8), generator=g)
+    upstream, upstream_h = torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)
+
+    logp, entropy = LP.token_logprobs_and_entropy(base[:, :-1], targets, temperature=temperature,
+                                                  chunk_elements=chunk_elements)
+    (logp * upstream + entropy * upstream_h).sum().backward()
+    ours_grad = base.grad.clone()
+    base.grad = None
+    want_logp, want_entropy = naive_logprobs_and_entropy(base[:, :-1], targets, temperature)
+    (want_logp * upstream + want_entropy * upstream_h).sum().backward()
+
+    assert logp.dtype == entropy.dtype == torch.float32 and entropy.requires_grad
+    torch.testing.assert_close(logp, want_logp.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, want_entropy.float(), rtol=1e-5, atol=1e-5)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(ours_grad, base.grad, rtol=tol, atol=tol)
+    assert torch.equal(logits, full[:, :-1])  # input untouched
+
+
+def test_chunked_logprobs_without_entropy_and_under_no_grad():
+    logits = torch.randn(2, 5, 11)
+    targets = torch.randint(0, 11, (2, 5))
+    with torch.no_grad():
+        logp, entropy = LP.token_logprobs_and_entropy(logits, targets, with_entropy=False)
+    assert entropy is None and not logp.requires_grad
+    torch.testing.assert_close(logp, naive_logprobs_and_entropy(logits, targets, 1.0)[0].float())
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        LP.token_logprobs_and_entropy(logits, targets, temperature=0)
+    with pytest.raises(ValueError, match=r"targets \[batch, T\]"):
+        LP.token_logprobs_and_entropy(logits, targets[:, :3])
+
+
+def test_chunked_logprobs_peak_memory_stays_bounded():
+    """At vocabulary 151,936 the forward's extra memory is ~one fp32 chunk, not [T, vocab] in fp32."""
+    import bench
+    chunk_elements = 2**22
+    naive = bench.logprob_peak("naive", tokens=512, chunk_elements=chunk_elements, repeats=0)
+    ours = bench.logprob_peak("chunked", tokens=512, chunk_elements=chunk_elements, repeats=0)
+    logits_bytes, chunk_bytes = naive["logits_bytes"], chunk_elements * 4
+    assert naive["forward_peak_bytes"] > 3 * logits_bytes  # fp32 copy, log_softmax, exp: each 2x the bf16 logits
+    assert ours["forward_peak_bytes"] < 4 * chunk_bytes, ours
+    assert ours["forward_peak_bytes"] < 0.1 * naive["forward_peak_bytes"], (ours, naive)
+    # backward must return a gradient the size of the logits; beyond that, again about a chunk
+    assert ours["total_peak_bytes"] < logits_bytes + 4 * chunk_bytes, ours
+    assert naive["total_peak_bytes"] > 2 * ours["total_peak_bytes"], (ours, naive)
+
+
+# --- 2. entropy gradient, and one output at a time --------------------------------------------
+
+@pytest.mark.parametrize("kernel", ["logits", "fused"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("used", ["both", "logp", "entropy"])
+def test_entropy_and_logp_gradients_match_autograd(monkeypatch, kernel, dtype, temperature, used):
+    monkeypatch.setattr(LP, "MIN_VOCAB_BLOCK", 8)  # the fused kernel then splits this small vocabulary too
+    g = torch.Generator().manual_seed(0)
+    vocab, hid = 37, 6
+    targets = torch.randint(0, vocab, (3, 5), generator=g)
+    if kernel == "logits":
+        inputs = [(torch.randn(3, 5, vocab, generator=g) * 3).to(dtype).requires_grad_(True)]
+        ours = lambda x: LP.token_logprobs_and_entropy(x[0], targets, temperature=temperature, chunk_elements=2 * vocab)
+        logits = lambda x: x[0]
+    else:
+        inputs = [torch.randn(3, 5, hid, generator=g).to(dtype).requires_grad_(True),
+                  torch.randn(vocab, hid, generator=g).to(dtype).requires_grad_(True),
+                  torch.randn(vocab, generator=g).to(dtype).requires_grad_(True)]
+        ours = lambda x: LP.hidden_logprobs_and_entropy(x[0], x[1], targets, bias=x[2], temperature=temperature,
+                                                       chunk_elements=4 * 8)  # tiles of 4 tokens x 8 vocab entries
+        logits = lambda x: x[0] @ x[1].T + x[2]
+    up_logp, up_ent = torch.randn(3, 5, generator=g, dtype=torch.float64), torch.randn(3, 5, generator=g, dtype=torch.float64)
+
+    def loss(logp, entropy):
+        terms = {"both": (logp * up_logp + entropy * up_ent), "logp": logp * up_logp, "entropy": entropy * up_ent}
+        return terms[used].sum()
+
+    logp, entropy = ours(inputs)
+    loss(logp.double(), entropy.double()).backward()
+    got = [x.grad.clone() for x in inputs]
+    for x in inputs:
+        x.grad = None
+    want_logp, want_entropy = naive_logprobs_and_entropy(logits(inputs), targets, temperature)
+    loss(want_logp, want_entropy).backward()
+    tol = 1e-10 if dtype == torch.float64 else 2e-5
+    torch.testing.assert_close(logp.double(), want_logp, rtol=tol, atol=tol)
+    torch.testing.assert_close(entropy.double(), want_entropy, rtol=tol, atol=tol)
+    for ours_grad, x in zip(got, inputs):
+        torch.testing.assert_close(ours_grad, x.grad, rtol=tol, atol=tol)
+
+
+def test_fused_kernel_passes_gradcheck(monkeypatch):
+    monkeypatch.setattr(LP, "MIN_VOCAB_BLOCK", 4)
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(11, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 11, (2, 3), generator=g)
+    f = lambda h, w, b: LP.hidden_logprobs_and_entropy(h, w, targets, bias=b, temperature=0.7, chunk_elements=2 * 4)
+    assert torch.autograd.gradcheck(f, (hidden, weight, bias))
+
+
+# --- 3. the fused kernel on a bare head ---------------------------------------------------------
+
+@pytest.mark.parametrize("chunk_elements, min_block", [(2**23, 1024), (24 * 16, 16), (5 * 16, 16)])  # one tile; vocab
+def test_fused_head_matches_naive(monkeypatch, chunk_elements, min_block):  # blocks only; token chunks x vocab blocks
+    monkeypatch.setattr(LP, "MIN_VOCAB_BLOCK", min_block)
+    g = torch.Generator().manual_seed(0)
+    vocab, hid = 100, 16
+    full = torch.randn(3, 9, hid, generator=g)
+    hidden = full[:, 1:].requires_grad_(False).clone().requires_grad_(True)
+    weight = (torch.randn(vocab, hid, generator=g) * 0.5).requires_grad_(True)
+    targets = torch.randint(0, vocab, (3, 8), generator=g)
+    up = torch.randn(3, 8, generator=g)
+    logp, entropy = LP.hidden_logprobs_and_entropy(hidden, weight, targets, temperature=0.7,
+                                                   chunk_elements=chunk_elements)
+    (logp * up).sum().backward()
+    got = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    want_logp, want_entropy = naive_logprobs_and_entropy(hidden @ weight.T, targets, 0.7)
+    (want_logp * up).sum().backward()
+    assert logp.dtype == torch.float32 and logp.shape == (3, 8)
+    torch.testing.assert_close(logp, want_logp.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, want_entropy.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[0], hidden.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], weight.grad, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        logp, entropy = LP.hidden_logprobs_and_entropy(hidden, weight, targets, temperature=0.7, with_entropy=False)
+    assert entropy is None and not logp.requires_grad
+    torch.testing.assert_close(logp, want_logp.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_head_under_bf16_autocast_with_fp32_master_weight():
+    """The GEMM runs on bf16-rounded operands (as autocast's linear does); the softmax stays fp32."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 7, 32, generator=g, requires_grad=True)
+    weight = (torch.randn(200, 32, generator=g) * 0.5).requires_grad_(True)
+    targets = torch.randint(0, 200, (2, 7), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logp, entropy = LP.hidden_logprobs_and_entropy(hidden, weight, targets)
+        (logp.sum() + entropy.sum()).backward()
+    assert logp.dtype == entropy.dtype == torch.float32
+    assert hidden.grad.dtype == weight.grad.dtype == torch.float32
+    got = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    # the reference on the same bf16-rounded operands, in float64
+    h16, w16 = hidden.bfloat16().double(), weight.bfloat16().double()
+    want_logp, want_entropy = naive_logprobs_and_entropy(h16 @ w16.T, targets, 1.0)
+    torch.testing.assert_close(logp, want_logp.float(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(entropy, want_entropy.float(), rtol=1e-4, atol=1e-4)
+    (want_logp.sum() + want_entropy.sum()).backward()  # flows through the rounding as a straight-through cast
+    torch.testing.assert_close(got[0], hidden.grad, rtol=2e-2, atol=2e-2)  # the gradient GEMMs take bf16 operands
+    torch.testing.assert_close(got[1], weight.grad, rtol=2e-2, atol=2e-2)
+
+
+# --- 4. on a real HF model: model_logprobs fused vs the reference -------------------------------
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_model_logprobs_fused_matches_reference(tied):
+    model = tiny_qwen2(tied)
+    assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
+    batch = padded_batch()
+    want = run_model(model, batch, fused=False)
+    got = run_model(model, batch, fused=True)
+    assert_same_run(got, want, tol=2e-5)
+    assert all(torch.isfinite(t).all() for t in got[:2])  # padded positions too
+    assert "forward" not in model.get_output_embeddings().__dict__  # the head's own forward is back
+    with torch.no_grad():
+        logp, entropy = LP.model_logprobs(model, *batch[:4], temperature=0.7)
+    torch.testing.assert_close(logp, want[0], rtol=2e-5, atol=2e-5)
+    assert not logp.requires_grad
+    assert LP.check_fused(model) and LP.check_fused(model, autocast_dtype=torch.bfloat16)
+
+
+def test_model_logprobs_fused_with_gradient_checkpointing_and_temperature_one():
+    model = tiny_qwen2(tied=False, seed=1)
+    batch = padded_batch(seed=1)
+    want = run_model(model, batch, fused=False, temperature=1.0)
+    model.gradient_checkpointing_enable()
+    model.train()
+    got = run_model(model, batch, fused=True, temperature=1.0)
+    assert_same_run(got, want, tol=2e-5)
+
+
+def test_model_logprobs_fused_under_bf16_autocast():
+    """Looser: the reference rounds each logit to bf16 (error up to |z| 2^-9, ~0.01 at |z| ~ 5) and backpropagates a
+    bf16 gradient of the logits; on this CPU the fused GEMMs take the same bf16-rounded operands but keep the tile in
+    fp32. Both sides are bf16-accurate, not equal."""
+    model = tiny_qwen2(tied=False, seed=2)
+    batch = padded_batch(seed=2)
+    want = run_model(model, batch, fused=False, autocast_dtype=torch.bfloat16)
+    got = run_model(model, batch, fused=True, autocast_dtype=torch.bfloat16)
+    exact = run_model(model, batch, fused=True)  # fp32, for scale
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=5e-2)
+    torch.testing.assert_close(got[1], want[1], rtol=0, atol=5e-2)
+    for name in want[2]:  # each bf16 gradient is as close to the other as to the fp32 one
+        scale = exact[2][name].norm()
+        assert (got[2][name] - want[2][name]).norm() <= 0.05 * scale + 1e-6, name
+        assert (got[2][name] - exact[2][name]).norm() <= 0.05 * scale + 1e-6, name
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_one_optimizer_step_gives_the_same_parameters(optimizer):
+    params = {}
+    for fused in (False, True):
+        model = tiny_qwen2(tied=True, seed=3)
+        opt = (torch.optim.AdamW(model.parameters(), lr=1e-2) if optimizer == "adamw"
+               else torch.optim.SGD(model.parameters(), lr=0.5))
+        run_model(model, padded_batch(seed=3), fused=fused)
+        opt.step()
+        params[fused] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    moved = max((params[True][n] - tiny_qwen2(tied=True, seed=3).state_dict()[n]).abs().max() for n in params[True])
+    assert moved > 1e-3
+    for name in params[False]:
+        torch.testing.assert_close(params[True][name], params[False][name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_check_fused_refuses_post_processed_logits():
+    from transformers import Qwen2ForCausalLM
+
+    class ScaledQwen2(Qwen2ForCausalLM):  # a model that post-processes its logits, unknown to the config check
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 0.5
+            return out
+
+    model = tiny_qwen2(tied=False)
+    assert LP.check_fused(model)
+    scaled = ScaledQwen2(model.config)
+    scaled.load_state_dict(model.state_dict())
+    assert not LP.check_fused(scaled)
+    model.config.final_logit_softcapping = 30.0  # Gemma 2's
+    assert not LP.check_fused(model)
+
+
+# --- 5. truncation statistics: vLLM's top-k / top-p rule ----------------------------------------
+
+def brute_force_kept(z, top_p, top_k):
+    """The kept set of one row z (fp32, after temperature), token by token: top-k then top-p as vLLM's native sampler."""
+    vocab = z.numel()
+    kept = torch.ones(vocab, dtype=torch.bool)
+    if 0 < top_k < vocab:
+        kth = sorted(z.tolist(), reverse=True)[top_k - 1]
+        kept = z >= kth  # ties with the k-th value stay
+    if top_p < 1:
+        survivors = z.masked_fill(~kept, -math.inf)
+        order = survivors.sort().indices  # ascending; ties in torch.sort's order
+        probs = survivors.softmax(-1)
+        running = torch.zeros((), dtype=torch.float32)
+        for pos, v in enumerate(order.tolist()):
+            running = running + probs[v]  # fp32, left to right, like cumsum
+            if pos < vocab - 1 and running <= 1 - torch.tensor(top_p, dtype=torch.float32):
+                kept[v] = False
+    return kept
+
+
+def truncation_rows():
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randn(13, generator=g) * 2 for _ in range(6)]
+    rows.append(torch.tensor([3.0, 2.0, 2.0, 2.0, 1.0, 0.0, 0.0, -1.0, 2.0, -5.0, 0.5, 0.25, 3.0]))  # ties at ranks 2-5
+    rows.append(torch.tensor([0.5, 0.25, 0.125, 0.125] + [0.0] * 9).clamp(min=1e-30).log())  # p exactly at 1/2, 3/4
+    rows.append(torch.zeros(13))  # all tied
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("top_p, top_k", [(1.0, 0), (1.0, 1), (1.0, 3), (1.0, 13), (0.5, 0), (0.75, 0), (0.9, 0),
+                                          (0.3, 4), (0.8, 2), (0.95, 5), (1e-6, 0)])
+def test_truncation_matches_brute_force_and_vllm(top_p, top_k):
+    z = truncation_rows()  # [rows, 13]: logits / T
+    targets = torch.arange(z.shape[0]) % 13
+    want_kept = torch.stack([brute_force_kept(row, top_p, top_k) for row in z])
+    try:  # vLLM's own function, when installed: the kept set is what it does not set to -inf
+        from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+        k = torch.full((z.shape[0],), top_k if top_k else 13, dtype=torch.int32)
+        p = torch.full((z.shape[0],), top_p, dtype=torch.float32)
+        vllm_kept = apply_top_k_top_p_pytorch(z.clone(), k if top_k else None, p if top_p < 1 else None,
+                                              allow_cpu_sync=True) > -math.inf
+        assert torch.equal(vllm_kept, want_kept)
+    except ImportError:
+        pass
+    want_mass = torch.log_softmax(z, -1).masked_fill(~want_kept, -math.inf).logsumexp(-1)
+    want_inside = want_kept.gather(-1, targets[:, None]).squeeze(-1)
+
+    # the logits kernel at T = 0.5 (it divides), the fused kernel with an identity head (hidden = z / 0.5)
+    with torch.no_grad():
+        logp, _, trunc = LP.token_logprobs_and_entropy((z * 0.5)[None], targets[None], temperature=0.5,
+                                                       truncation=(top_p, top_k), chunk_elements=2 * 13 * 6)
+        flogp, _, ftrunc = LP.hidden_logprobs_and_entropy(z * 0.5, torch.eye(13), targets, temperature=0.5,
+                                                          truncation=(top_p, top_k), chunk_elements=3 * 13 * 6)
+    for lp, t in ((logp[0], LP.Truncation(trunc.log_kept_mass[0], trunc.inside[0])), (flogp, ftrunc)):
+        assert torch.equal(t.inside, want_inside)
+        torch.testing.assert_close(t.log_kept_mass, want_mass, rtol=1e-6, atol=1e-6)
+        trunc_logp = LP.truncated_logprobs(lp, t)
+        assert torch.equal(torch.isinf(trunc_logp), ~want_inside)
+        # inside the kept set: the log-prob under the truncated, renormalised distribution
+        renormalised = torch.log_softmax(z.masked_fill(~want_kept, -math.inf), -1).gather(-1, targets[:, None])[:, 0]
+        torch.testing.assert_close(trunc_logp[want_inside], renormalised[want_inside], rtol=1e-5, atol=1e-5)
+
+
+def test_truncation_off_does_not_sort_and_needs_no_grad(monkeypatch):
+    z = torch.randn(2, 3, 17)
+    targets = torch.randint(0, 17, (2, 3))
+    monkeypatch.setattr(torch.Tensor, "sort", lambda *a, **k: pytest.fail("sorted"))
+    monkeypatch.setattr(torch.Tensor, "topk", lambda *a, **k: pytest.fail("topk"))
+    with torch.no_grad():
+        _, _, trunc = LP.token_logprobs_and_entropy(z, targets, truncation=(1.0, 0))
+        _, _, ftrunc = LP.hidden_logprobs_and_entropy(z, torch.eye(17), targets, truncation=(1.0, 17))
+    for t in (trunc, ftrunc):
+        assert torch.equal(t.log_kept_mass, torch.zeros(2, 3)) and t.inside.all()
+    with pytest.raises(ValueError, match="no_grad"):
+        LP.token_logprobs_and_entropy(z.requires_grad_(True), targets, truncation=(0.9, 0))
+    with pytest.raises(ValueError, match="top_p"):
+        LP.hidden_logprobs_and_entropy(z.detach(), torch.eye(17), targets, truncation=(0.0, 0))
+
+
+def test_model_logprobs_truncation_fused_matches_reference():
+    model = tiny_qwen2(tied=True, seed=4)
+    batch = padded_batch(seed=4)
+    with torch.no_grad():
+        want = LP.model_logprobs(model, *batch[:4], temperature=0.7, fused=False, truncation=(0.9, 20))
+        got = LP.model_logprobs(model, *batch[:4], temperature=0.7, fused=True, truncation=(0.9, 20))
+    torch.testing.assert_close(got[0], want[0], rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(got[2].log_kept_mass, want[2].log_kept_mass, rtol=2e-5, atol=2e-5)
+    assert torch.equal(got[2].inside, want[2].inside)
+    # some targets outside the kept set, some inside; every kept mass in [0.9, 1] (top-p 0.9 keeps at least 0.9)
+    assert not want[2].inside.all() and want[2].inside.any()
+    assert (want[2].log_kept_mass <= 0).all() and (want[2].log_kept_mass >= math.log(0.9) - 1e-6).all()
+    assert (want[2].log_kept_mass < -1e-3).any()
+
+
+# --- 6. FSDP2 over 2 gloo ranks ----------------------------------------------------------------
+
+FSDP_WORKER = r'''
+import copy, os, sys
+import torch
+import torch.distributed as dist
+sys.path.insert(0, {root!r})
+sys.path.insert(0, os.path.join({root!r}, "tests"))
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+import logprobs as LP
+from test_logprobs import tiny_qwen2, padded_batch
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+lengths = dict(prompts=(5, 2, 7, 3), responses=(6, 9, 1, 4))
+worst = 0.0
+for tied, use, bf16 in ((False, "both", False), (True, "both", False), (False, "entropy", False), (True, "both", True)):
+    model = tiny_qwen2(tied, seed=5)
+    reference = copy.deepcopy(model)  # unsharded, the whole batch, fused=False
+    # as train.shard_model: one unit per decoder layer, then the root; with --precision bf16, bf16 compute parameters
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)  # a plain sum over ranks: each rank's loss is its share
+            module.set_force_sum_reduction_for_comms(True)
+    assert LP.check_fused(model)
+
+    def loss_of(m, seqs, fused):
+        ids, attention, positions, response, mask = padded_batch(seed=5, select=list(seqs), **lengths)
+        logp, entropy = LP.model_logprobs(m, ids, attention, positions, response, temperature=0.7, fused=fused,
+                                          autocast_dtype=torch.bfloat16 if bf16 else None)
+        g = torch.Generator().manual_seed(7)
+        a = torch.randn(4, 16, generator=g)[list(seqs), :logp.shape[1]]
+        terms = 0.5 * entropy if use == "entropy" else a * logp + 0.5 * entropy
+        return (terms * mask).sum() / 20.0
+
+    want = loss_of(reference, range(4), fused=False)
+    want.backward()
+    mine = loss_of(model, range(rank, 4, world), fused=True)  # each rank its own sequences, its own padding
+    mine.backward()
+    total = mine.detach().clone()
+    dist.all_reduce(total)
+    grads = dict(reference.named_parameters())
+    if bf16:  # bf16 parameters against fp32 ones under autocast: bf16-close, gradient by gradient
+        assert torch.allclose(total, want.detach(), rtol=2e-2, atol=1e-3), (total, want)
+        for name, p in model.named_parameters():
+            full, ref = p.grad.full_tensor(), grads[name].grad
+            assert full.dtype == torch.float32 and (full - ref).norm() <= 0.05 * ref.norm() + 1e-6, name
+        continue
+    assert torch.allclose(total, want.detach(), rtol=1e-5, atol=1e-6), (total, want)
+    for name, p in model.named_parameters():
+        full = p.grad.full_tensor()
+        diff = (full - grads[name].grad).abs().max().item()
+        worst = max(worst, diff)
+        assert torch.allclose(full, grads[name].grad, rtol=1e-4, atol=1e-5), (tied, use, name, diff)
+if rank == 0:
+    print("FSDP-OK", worst)
+dist.destroy_process_group()
+'''
+
+
+def test_fsdp2_two_ranks_fused_matches_one_process_reference(tmp_path):
+    script = tmp_path / "fsdp_worker.py"
+    script.write_text(FSDP_WORKER.format(root=ROOT))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
+    assert "FSDP-OK" in out.stdout
+
+
+# --- 7. the memory claim ----------------------------------------------------------------------
+
+def test_fused_peak_memory_is_about_one_tile():
+    """hidden 128, vocab 151,936, 512 tokens, bf16: the logits would be 156 MB, and any full-logits path holds them and
+    their gradient; the fused path's extra memory, forward and backward, beyond the gradients it returns (grad_hidden,
+    grad_weight), is about one 8 MiB fp32 tile (the tile and its exp, plus small [*, hidden] operands)."""
+    import bench
+    chunk_elements = 2**21
+    ours = bench.logprob_peak("fused", tokens=512, hidden=128, chunk_elements=chunk_elements, repeats=0)
+    tile_bytes, logits_bytes = chunk_elements * 4, ours["logits_bytes"]
+    beyond_grads = ours["total_peak_bytes"] - ours["grads_bytes"]
+    assert ours["forward_peak_bytes"] < 4 * tile_bytes, ours
+    assert beyond_grads < 4 * tile_bytes, ours
+    assert beyond_grads < 0.1 * (2 * logits_bytes), ours

@@ -19,14 +19,15 @@ Notation. For response token t of response i:
 
 CE-GPPO (paper Eq. 8): per-token objective l, maximised; the loss here is -l.
 
-  | region                      | l                               | d l / d log pi     |
-  |-----------------------------|---------------------------------|--------------------|
+  | region                      | l                               | d l / d log pi      |
+  |-----------------------------|---------------------------------|---------------------|
   | d < 1 - eps_low  and A < 0  | beta1 * (1 - eps_low)/sg(d) d A | beta1 (1-eps_low) A |
   | d > 1 + eps_high and A > 0  | beta2 * (1 + eps_high)/sg(d) d A| beta2 (1+eps_high) A|
-  | everything else             | d A                             | d A                |
+  | everything else             | d A                             | d A                 |
 
-  The forward value in the two clipped regions equals PPO-clip's, beta * (1 +- eps) * A
-  (Eq. 9-10), but the gradient is kept, scaled by beta instead of zeroed.
+  In the two clipped regions the value is beta * (1 -+ eps) * A (Eq. 9-10): PPO-clip's value
+  (1 -+ eps) * A scaled by beta, so only at beta = 1 do the two values agree. What matters is the
+  gradient: PPO-clip drops it there, CE-GPPO keeps it, scaled by beta.
   beta1 = beta2 = 0 is PPO-clip's gradient; beta1 = beta2 = 1 is GPPO.
 
 Which beta moves entropy which way (paper §5.1-5.2): the beta1 region holds mostly negative
@@ -34,19 +35,29 @@ low-probability tokens; pushing them down further sharpens the distribution, so 
 beta1 lowers entropy faster. The beta2 region holds mostly positive low-probability tokens;
 raising them flattens the distribution, so a larger beta2 keeps entropy higher.
 Recommended: (beta1, beta2) = (0.5, 1) for 1.5B models, (0.75, 1) for 7B; (1, 0.5) collapses.
+Whether the regions hold low- or high-probability tokens is an assumption the paper makes; the
+metrics below report the E1-E4 split that decides it.
 
 Where the official code (Kwai-Klear/CE-GPPO, a verl fork) differs from the paper text:
   - dual clip: for A < 0 the per-token loss is min(-A * c, loss) with c = 10, so tokens with
-    A < 0 and d > c get no gradient. Implemented here (clip_ratio_c; None turns it off).
-  - a positive-example LM loss 0.1 * NLL(correct responses) is added: positive_example_lm_loss().
+    A < 0 and d > c get no gradient. Implemented here (clip_ratio_c; 0 turns it off).
+  - a positive-example LM loss 0.1 * NLL(correct responses) is added (positive_lm_coef).
   - the token mean is taken per micro-batch and re-weighted by sequence count, which only
-    approximates the mini-batch token mean. Here the mean is exact (num_tokens).
+    approximates the mini-batch token mean. Here the mean is exact (Totals).
   - the official code does not clamp log(d) before exp; here it is clamped to [-20, 20] as verl's
     PPO loss does, so a runaway ratio cannot overflow (no gradient flows beyond the clamp).
+
+Use:
+  cfg = loss_config("ce_gppo", beta1=0.5)       # the algorithm's defaults, then your overrides
+  loss, metrics = policy_loss(logp, old_logp, advantages, mask, cfg)
+  loss.backward()
+To add a method: write its per-token loss function (section 3) and one ALGORITHMS line; a new
+hyperparameter is one LossConfig field (train.py turns it into a flag).
 """
 
-from dataclasses import dataclass
-from typing import Callable
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -54,98 +65,43 @@ LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: large enough never to bind in practice,
 
 
 # ---------------------------------------------------------------------------------------------
-# 1. Token log-probs and entropy from logits, chunked
+# 1. The options: one object per call
 # ---------------------------------------------------------------------------------------------
-# A naive log_softmax(logits.float()) materialises [batch, T, vocab] in fp32 (2.5 GB for 4,096
-# tokens at Qwen's 151,936 vocabulary) and keeps it for backward. Here each chunk of tokens is
-# upcast to fp32 (bf16 logsumexp loses precision), reduced to one number per token, and freed;
-# backward recomputes the chunk's softmax. Extra memory stays near one fp32 chunk.
 
-def _token_chunks(batch: int, length: int, chunk_tokens: int):
-    """Yield (row slice, column slice) blocks of at most ~chunk_tokens tokens, as views."""
-    if length >= chunk_tokens:
-        for b in range(batch):
-            for t in range(0, length, chunk_tokens):
-                yield slice(b, b + 1), slice(t, t + chunk_tokens)
-    else:
-        rows = max(1, chunk_tokens // max(length, 1))
-        for b in range(0, batch, rows):
-            yield slice(b, b + rows), slice(None)
-
-
-class _ChunkedTokenLogprob(torch.autograd.Function):
-    """log softmax(logits / T)[target] per token, forward and backward chunk by chunk."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, temperature, chunk_tokens, with_entropy):
-        batch, length, _ = logits.shape
-        logp = torch.empty(batch, length, dtype=torch.float32, device=logits.device)
-        lse = torch.empty_like(logp)
-        entropy = torch.empty_like(logp) if with_entropy else None
-        for rows, cols in _token_chunks(batch, length, chunk_tokens):
-            z = logits[rows, cols].to(torch.float32, copy=True)  # the fp32 chunk: the one vocab-sized buffer
-            if temperature != 1.0:
-                z.div_(temperature)
-            # logsumexp by hand, in place, so the chunk costs two fp32 buffers (z and its exp), not four
-            z_max = z.amax(dim=-1, keepdim=True)
-            z.sub_(z_max)
-            probs = z.exp()
-            sum_exp = probs.sum(dim=-1, keepdim=True)
-            z.sub_(sum_exp.log())  # z is now log softmax
-            lse[rows, cols] = (z_max + sum_exp.log()).squeeze(-1)
-            logp[rows, cols] = z.gather(-1, targets[rows, cols].unsqueeze(-1)).squeeze(-1)
-            if with_entropy:  # H = -sum_v p_v log p_v
-                entropy[rows, cols] = -probs.div_(sum_exp).mul_(z).sum(-1)
-            del z, probs
-        ctx.save_for_backward(logits, targets, lse)
-        ctx.temperature, ctx.chunk_tokens = temperature, chunk_tokens
-        if entropy is None:
-            return logp
-        ctx.mark_non_differentiable(entropy)
-        return logp, entropy
-
-    @staticmethod
-    def backward(ctx, grad_logp, *unused_grad_entropy):
-        logits, targets, lse = ctx.saved_tensors
-        temperature = ctx.temperature
-        grad_logits = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        batch, length, _ = logits.shape
-        for rows, cols in _token_chunks(batch, length, ctx.chunk_tokens):
-            g = grad_logp[rows, cols].unsqueeze(-1)
-            z = logits[rows, cols].to(torch.float32, copy=True)
-            if temperature != 1.0:
-                z.div_(temperature)
-            # d log p_y / d z_v = 1[v = y] - p_v ;  d z / d logits = 1 / temperature
-            p = z.sub_(lse[rows, cols].unsqueeze(-1)).exp_()
-            p.mul_(-g).scatter_add_(-1, targets[rows, cols].unsqueeze(-1), g)
-            if temperature != 1.0:
-                p.div_(temperature)
-            grad_logits[rows, cols] = p
-        return grad_logits, None, None, None, None
+@dataclass(frozen=True)
+class LossConfig:
+    """Every hyperparameter of the objectives. Each field is also a train.py flag (--eps-low, ...). An algorithm
+    reads only the fields its token loss uses; its own defaults are in ALGORITHMS[algo].defaults."""
+    algo: str = "ce_gppo"  # ce_gppo | gppo | grpo | dapo | cispo | gspo
+    eps_low: float = 0.2  # lower clip range: the interval is [1 - eps_low, 1 + eps_high]; 1 = no lower bound
+    eps_high: float = 0.2  # upper clip range
+    beta1: float = 0.5  # CE-GPPO gradient scale on the left boundary (d < 1-eps, A < 0); larger lowers entropy
+    beta2: float = 1.0  # CE-GPPO gradient scale on the right boundary (d > 1+eps, A > 0); larger keeps entropy up
+    clip_ratio_c: float = 10.0  # dual-clip bound for A < 0 (official scripts: 10); 0 disables
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+    norm_len: int = 0  # seq-mean-token-sum-norm's constant length (Dr. GRPO); 0 = the max response length
+    entropy_coef: float = 0.0  # entropy bonus: loss -= coef * mean token entropy (paper §4 baseline: 0.001, 0.003)
+    positive_lm_coef: float = 0.0  # weight of the NLL on correct responses (official scripts: 0.1; not in the paper)
+    dynamic_clip: str = "none"  # none | id | did | od: probability-dependent clip schedule (arXiv 2602.09782)
+    rollout_correction: str = "none"  # none | token-tis | token-mis | seq-tis | seq-mis: sampler/trainer mismatch
+    rollout_correction_threshold: float = 2.0  # C: TIS truncates the weight at C, MIS drops what exceeds C
 
 
-def token_logprobs_and_entropy(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    with_entropy: bool = True,
-    chunk_elements: int = 2**25,
-):
-    """Log-probs of `targets` under softmax(logits / temperature), and the entropy of that distribution.
+class Totals(NamedTuple):
+    """Counts over the whole mini-batch, when a call sees one micro-batch of it: the means stay exact."""
+    tokens: float | torch.Tensor | None = None  # response tokens
+    seqs: float | None = None  # responses
+    correct_tokens: float | torch.Tensor | None = None  # tokens of correct responses (positive-example LM term)
 
-    logits [batch, T, vocab] (any float dtype; already aligned so logits[:, t] predicts targets[:, t]),
-    targets [batch, T] int64. Returns (logp [batch, T] fp32 with grad, entropy [batch, T] fp32 detached
-    or None). Divide by the sampling temperature so log-probs match the distribution that was sampled.
-    chunk_elements bounds the fp32 work buffer (2**25 floats = 128 MiB, ~220 tokens at vocab 151,936).
-    """
-    if logits.dim() != 3 or targets.shape != logits.shape[:2]:
-        raise ValueError(f"logits must be [batch, T, vocab] and targets [batch, T]; got {tuple(logits.shape)} and {tuple(targets.shape)}")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    chunk_tokens = max(1, chunk_elements // logits.shape[-1])
-    out = _ChunkedTokenLogprob.apply(logits, targets.long(), float(temperature), chunk_tokens, with_entropy)
-    return out if with_entropy else (out, None)
+
+class Tokens(NamedTuple):
+    """What a per-token loss sees: [B, T] tensors of one micro-batch."""
+    logp: torch.Tensor  # log pi_theta(y_t), with grad
+    log_ratio: torch.Tensor  # log d = logp - old_logp, clamped to +-LOG_RATIO_CLAMP
+    adv: torch.Tensor  # advantage, [B, 1] (broadcasts) or [B, T]
+    mask: torch.Tensor  # 1 on response tokens, 0 on padding
+    eps_low: float | torch.Tensor  # clip range; [B, T] tensors under dynamic clipping
+    eps_high: float | torch.Tensor
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,7 +126,320 @@ def group_advantages(rewards: torch.Tensor, group_size: int, *, scale_by_std: bo
 
 
 # ---------------------------------------------------------------------------------------------
-# 3. Dynamic clipping ("Flexible Entropy Control", arXiv 2602.09782)
+# 3. Per-token losses, one function per algorithm
+# ---------------------------------------------------------------------------------------------
+# Each takes (t: Tokens, cfg: LossConfig) and returns (loss [B, T] to be minimised, the ratio the clip regions
+# are judged on [B, T] detached, its own metrics {name: [B, T] bool or float tensor}, reported as token means).
+
+
+def _dual_clip(loss, adv, clip_ratio_c):
+    """Dual-clip PPO (Ye et al. 2020, as verl): for A < 0, loss = min(loss, -A * c)."""
+    if not clip_ratio_c:
+        return loss, {}
+    cap = -adv * clip_ratio_c
+    dual = (adv < 0) & (loss > cap)
+    return torch.where(dual, cap, loss), {"dual_clip_frac": dual}
+
+
+def ce_gppo_token_loss(t: Tokens, cfg: LossConfig):
+    """CE-GPPO, paper Eq. 8 (gradient Eq. 9-10), then the official code's dual clip."""
+    ratio = torch.exp(t.log_ratio)
+    r = ratio.detach()
+    in_beta1 = (r < 1 - t.eps_low) & (t.adv < 0)  # left boundary: negative, pushed-down tokens
+    in_beta2 = (r > 1 + t.eps_high) & (t.adv > 0)  # right boundary: positive, pushed-up tokens
+    # The gradient weight F on A * grad log pi: beta1 (1 - eps_low), beta2 (1 + eps_high), or d itself.
+    # F / sg(d) * d has value F and gradient F * grad log pi (Eq. 9-10).
+    weight = torch.where(in_beta1, cfg.beta1 * (1 - t.eps_low), torch.where(in_beta2, cfg.beta2 * (1 + t.eps_high), r))
+    loss, extra = _dual_clip(-(weight / r) * ratio * t.adv, t.adv, cfg.clip_ratio_c)
+    return loss, r, extra
+
+
+def gppo_token_loss(t: Tokens, cfg: LossConfig):
+    """GPPO (Klear-Reasoner Eq. 7): CE-GPPO with beta1 = beta2 = 1, whatever beta1/beta2 are set to."""
+    return ce_gppo_token_loss(t, replace(cfg, beta1=1.0, beta2=1.0))
+
+
+def ppo_clip_token_loss(t: Tokens, cfg: LossConfig):
+    """PPO-clip (GRPO, DAPO): loss = max(-d A, -clip(d, 1 - eps_low, 1 + eps_high) A), then dual clip.
+
+    Gradient: -d A * grad log pi, except zero where d < 1 - eps_low, A < 0 or d > 1 + eps_high, A > 0.
+    """
+    ratio = torch.exp(t.log_ratio)
+    clipped = torch.clamp(ratio, 1 - t.eps_low, 1 + t.eps_high)
+    loss, extra = _dual_clip(torch.maximum(-t.adv * ratio, -t.adv * clipped), t.adv, cfg.clip_ratio_c)
+    return loss, ratio.detach(), extra
+
+
+def cispo_token_loss(t: Tokens, cfg: LossConfig):
+    """CISPO (MiniMax-M1 Eq. 4): loss = -sg(clip(d, 1 - eps_low, 1 + eps_high)) * A * log pi.
+
+    Every token keeps a gradient, weighted by the clipped, detached IS ratio. MiniMax-M1 sets no lower bound
+    (eps_low = 1 here) and tunes only the upper one. Here the cap is 1 + eps_high (relative, like the other
+    losses); TRL's CISPO takes its epsilon_high as the absolute cap (recommending 5.0 there).
+    """
+    ratio = torch.exp(t.log_ratio.detach())
+    weight = torch.clamp(ratio, 1 - t.eps_low, 1 + t.eps_high)
+    return -weight * t.adv * t.logp, ratio, {}
+
+
+def gspo_token_loss(t: Tokens, cfg: LossConfig):
+    """GSPO-token (GSPO Eq. 13-14): s_i = exp(mean_t log d_it) per response, and per token
+    s_it = sg(s_i) * pi(y_t) / sg(pi(y_t)); loss = max(-s_it A, -clip(s_it, 1 - eps_low, 1 + eps_high) A).
+
+    With one advantage per response and seq-mean-token-mean this is GSPO's sequence objective exactly:
+    the gradient on log pi(y_t) is s_i A / |y_i|, and zero when s_i is clipped.
+    """
+    n = t.mask.sum(-1).clamp(min=1)
+    seq_log_ratio = (t.log_ratio.detach() * t.mask).sum(-1) / n
+    s = torch.exp(seq_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).unsqueeze(-1)
+    s_tok = s * torch.exp(t.logp - t.logp.detach())
+    clipped = s_tok.clamp(1 - t.eps_low, 1 + t.eps_high)
+    loss = torch.maximum(-t.adv * s_tok, -t.adv * clipped)
+    return loss, s.expand_as(t.logp), {}
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. The registry: each algorithm's loss and its own defaults
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Algorithm:
+    """How one algorithm plugs into policy_loss()."""
+    token_loss: Callable  # per-token loss function, as above
+    defaults: dict  # LossConfig fields this algorithm sets (applied before the user's values)
+    reads: tuple  # the LossConfig fields its token loss uses (train.py shows the others as not applying)
+    dynamic_clip: bool = True  # whether dynamic clip thresholds apply
+    # Every loss above is proportional to A, so a response with A = 0 gets no gradient from it and need not be
+    # run. A loss with a term that is not (a KL to a reference, say) sets this False.
+    zero_advantage_no_gradient: bool = True
+
+
+_CLIP = ("eps_low", "eps_high", "loss_agg_mode")
+# Add a new algorithm here: one per-token loss function and one line.
+ALGORITHMS = {
+    # CE-GPPO: symmetric 0.2 (no clip-higher), dual clip 10, token-mean, the paper's recommended (0.5, 1) for 1.5B
+    "ce_gppo": Algorithm(ce_gppo_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="token-mean",
+                                                  beta1=0.5, beta2=1.0), _CLIP + ("beta1", "beta2", "clip_ratio_c")),
+    "gppo": Algorithm(gppo_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="token-mean"),
+                      _CLIP + ("clip_ratio_c",)),
+    # GRPO Eq. 3 averages per response
+    "grpo": Algorithm(ppo_clip_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="seq-mean-token-mean"),
+                      _CLIP + ("clip_ratio_c",)),
+    # DAPO: clip-higher + token-mean
+    "dapo": Algorithm(ppo_clip_token_loss, dict(eps_low=0.2, eps_high=0.28, clip_ratio_c=10.0, loss_agg_mode="token-mean"),
+                      _CLIP + ("clip_ratio_c",)),
+    # CISPO: no lower bound; 0.28 is a common upper choice (MiniMax did not publish theirs; unverified for the paper)
+    "cispo": Algorithm(cispo_token_loss, dict(eps_low=1.0, eps_high=0.28, clip_ratio_c=0.0, loss_agg_mode="token-mean"),
+                       _CLIP, dynamic_clip=False),
+    # GSPO paper (v2) §5.1 ranges, sequence-level
+    "gspo": Algorithm(gspo_token_loss, dict(eps_low=3e-4, eps_high=4e-4, clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-mean"),
+                      _CLIP, dynamic_clip=False),
+}
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+DYNAMIC_SCHEDULES = ("id", "did", "od")
+ROLLOUT_CORRECTIONS = ("none", "token-tis", "token-mis", "seq-tis", "seq-mis")
+# Fields every algorithm reads: the terms added to the policy loss, and how it is weighted.
+COMMON_FIELDS = ("norm_len", "entropy_coef", "positive_lm_coef", "dynamic_clip", "rollout_correction",
+                 "rollout_correction_threshold")
+
+
+def loss_config(algo: str = "ce_gppo", **overrides) -> LossConfig:
+    """The LossConfig that runs `algo` with its own defaults, then `overrides`; checked (ValueError if not valid)."""
+    if algo not in ALGORITHMS:
+        raise ValueError(f"unknown algo {algo!r}; choose one of {sorted(ALGORITHMS)}")
+    cfg = LossConfig(**{**ALGORITHMS[algo].defaults, **overrides, "algo": algo})
+    problems = config_problems(cfg)
+    if problems:
+        raise ValueError(problems[0][1])
+    return cfg
+
+
+def config_problems(cfg: LossConfig) -> list[tuple[str, str]]:
+    """(field, message) for every value out of range, each message starting with the field's name; [] if valid."""
+    problems = []
+
+    def bad(name, rule):
+        problems.append((name, f"{name} {rule}, got {getattr(cfg, name)!r}"))
+
+    def finite(name):
+        value = getattr(cfg, name)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    if cfg.algo not in ALGORITHMS:
+        return [("algo", f"algo must be one of {sorted(ALGORITHMS)}: unknown algo {cfg.algo!r}")]
+    for name in ("eps_low", "eps_high"):
+        if not finite(name) or getattr(cfg, name) <= 0 or (name == "eps_low" and cfg.eps_low > 1):
+            bad(name, "must be > 0 and finite (eps_low and eps_high must be > 0, eps_low at most 1)")
+    for name in ("beta1", "beta2", "entropy_coef", "positive_lm_coef", "clip_ratio_c"):
+        if not finite(name) or getattr(cfg, name) < 0:
+            bad(name, "must be >= 0 and finite (beta1 and beta2 must be >= 0, as must the coefficients)")
+    if finite("clip_ratio_c") and finite("eps_high") and cfg.clip_ratio_c and cfg.clip_ratio_c <= 1 + cfg.eps_high:
+        bad("clip_ratio_c", f"must exceed 1 + eps_high = {1 + cfg.eps_high} (or be 0 to disable)")
+    if cfg.loss_agg_mode not in LOSS_AGG_MODES:
+        bad("loss_agg_mode", f"must be one of {LOSS_AGG_MODES}")
+    if not isinstance(cfg.norm_len, int) or cfg.norm_len < 0:
+        bad("norm_len", "must be an integer >= 0")
+    if cfg.dynamic_clip not in ("none",) + DYNAMIC_SCHEDULES:
+        bad("dynamic_clip", f"is not a dynamic clip schedule: schedule must be one of {('none',) + DYNAMIC_SCHEDULES}")
+    elif cfg.dynamic_clip != "none" and not ALGORITHMS[cfg.algo].dynamic_clip:
+        bad("dynamic_clip", f"does not apply to {cfg.algo}: dynamic clipping applies to "
+                            f"{[a for a, s in ALGORITHMS.items() if s.dynamic_clip]}")
+    if cfg.rollout_correction not in ROLLOUT_CORRECTIONS:
+        bad("rollout_correction", f"must be one of {ROLLOUT_CORRECTIONS}")
+    if not finite("rollout_correction_threshold") or cfg.rollout_correction_threshold <= 1:
+        bad("rollout_correction_threshold", "must be a finite number > 1")
+    return problems
+
+
+def ignored_fields(cfg: LossConfig) -> list[str]:
+    """LossConfig fields `cfg.algo` does not read (so setting them changes nothing)."""
+    reads = set(ALGORITHMS[cfg.algo].reads) | set(COMMON_FIELDS) | {"algo"}
+    return [f.name for f in fields(LossConfig) if f.name not in reads]
+
+
+def skips_zero_advantage(cfg: LossConfig) -> bool:
+    """Whether a response with A = 0 gets no gradient under cfg, so that train.py need not run it: declared by
+    the algorithm, and false as soon as a term that is not proportional to A is on."""
+    return ALGORITHMS[cfg.algo].zero_advantage_no_gradient and not cfg.entropy_coef and not cfg.positive_lm_coef
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Aggregation
+# ---------------------------------------------------------------------------------------------
+
+def aggregate(token_loss, mask, mode="token-mean", totals: Totals = Totals(), norm_len=0):
+    """Reduce a [B, T] per-token loss to a scalar.
+
+    token-mean               sum_it loss / tokens                  (DAPO, CE-GPPO; tokens = all response tokens
+                                                                   of the mini-batch)
+    seq-mean-token-mean      sum_i (sum_t loss / |y_i|) / seqs     (GRPO, GSPO)
+    seq-mean-token-sum-norm  sum_it loss / (seqs * norm_len)       (Dr. GRPO; norm_len a constant, e.g. the
+                                                                   max response length; 0 = this batch's width)
+    Pass the mini-batch's Totals when the mini-batch is split into micro-batches: the micro-batch losses then
+    sum to the mini-batch loss exactly, and so do their gradients.
+    """
+    mask = mask.to(token_loss.dtype)
+    summed = token_loss * mask
+    if mode == "token-mean":
+        denom = mask.sum() if totals.tokens is None else totals.tokens
+        return summed.sum() / torch.as_tensor(denom, dtype=token_loss.dtype).clamp(min=1)
+    seqs = mask.shape[0] if totals.seqs is None else totals.seqs
+    if mode == "seq-mean-token-mean":
+        per_seq = summed.sum(-1) / mask.sum(-1).clamp(min=1)
+        return per_seq.sum() / max(seqs, 1)
+    if mode == "seq-mean-token-sum-norm":
+        return summed.sum() / (max(seqs, 1) * (norm_len or mask.shape[-1]))
+    raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {mode!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. The entry point
+# ---------------------------------------------------------------------------------------------
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                cfg: LossConfig = LossConfig(), *, totals: Totals = Totals(), entropy: torch.Tensor | None = None,
+                correct: torch.Tensor | None = None, weights: torch.Tensor | None = None, progress: float = 0.0,
+                od_state: int = 0):
+    """The loss of cfg.algo (minimised) with its extra terms, and its diagnostics.
+
+    logp       [B, T] log pi_theta of the sampled tokens (with grad), e.g. from logprobs.model_logprobs
+    old_logp   [B, T] log pi_old of the same tokens (no grad)
+    advantages [B, 1] or [B, T]
+    mask       [B, T] 1 on response tokens, 0 on padding
+    cfg        the hyperparameters (loss_config(algo, ...) fills in the algorithm's defaults)
+    totals     the mini-batch's counts when this call sees one micro-batch (exact means)
+    entropy    [B, T] per-token entropy: reports the four entropy-sensitive regions; with cfg.entropy_coef it
+               must carry gradient, and the bonus -entropy_coef * mean(entropy) joins the loss
+    correct    [B] bool, for cfg.positive_lm_coef: + coef * NLL(correct responses)
+    weights    [B, T] detached per-token weights on the policy term (rollout_correction() gives them)
+    progress, od_state: training progress k/T and the oscillatory-decay state, for cfg.dynamic_clip
+
+    Returns (loss, metrics); metrics are detached 0-d tensors, token means over this call's response tokens
+    (pg_loss and the extra terms: their values as aggregated).
+    """
+    problems = _checked(cfg)
+    if problems:
+        raise ValueError(problems[0][1])
+    if logp.dim() != 2 or old_logp.shape != logp.shape or mask.shape != logp.shape:
+        raise ValueError(f"logp, old_logp and mask must all be [batch, T]; got {tuple(logp.shape)}, {tuple(old_logp.shape)}, {tuple(mask.shape)}")
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    if advantages.shape not in ((logp.shape[0], 1), logp.shape):
+        raise ValueError(f"advantages must be [batch, 1] or [batch, T] = {tuple(logp.shape)}, got {tuple(advantages.shape)}")
+    eps_low, eps_high = cfg.eps_low, cfg.eps_high
+    if cfg.dynamic_clip != "none":
+        eps_low, eps_high = dynamic_clip_eps(logp.detach().exp(), DynamicClip(schedule=cfg.dynamic_clip), progress, od_state)
+
+    mask = mask.to(logp.dtype)
+    log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    tokens = Tokens(logp, log_ratio, advantages.to(logp.dtype), mask, eps_low, eps_high)
+    token_loss, ratio, extra = ALGORITHMS[cfg.algo].token_loss(tokens, cfg)
+    if weights is not None:  # rollout correction: a detached weight per token on the policy term
+        token_loss = token_loss * weights
+    pg_loss = aggregate(token_loss, mask, cfg.loss_agg_mode, totals, cfg.norm_len)
+    loss, terms = pg_loss, {"pg_loss": pg_loss}
+    if cfg.entropy_coef:  # entropy regularisation (the paper's §4 baseline): maximise the mean entropy
+        if entropy is None or not entropy.requires_grad:
+            raise ValueError("entropy_coef needs the per-token entropy with its gradient (entropy=...)")
+        bonus = aggregate(entropy, mask, cfg.loss_agg_mode, totals, cfg.norm_len)
+        loss, terms["entropy_bonus"] = loss - cfg.entropy_coef * bonus, bonus
+    if cfg.positive_lm_coef:
+        if correct is None:
+            raise ValueError("positive_lm_coef needs correct= (which responses are correct)")
+        lm = positive_example_lm_loss(logp, mask, correct, num_tokens=totals.correct_tokens)
+        loss, terms["positive_lm_loss"] = loss + cfg.positive_lm_coef * lm, lm
+    metrics = {k: v.detach() for k, v in terms.items()}
+    metrics.update(_metrics(logp, log_ratio, tokens.adv, mask, ratio, extra, eps_low, eps_high, entropy))
+    return loss, metrics
+
+
+_valid_configs = set()
+
+
+def _checked(cfg):
+    """config_problems(cfg), remembered for valid configs (policy_loss runs once per micro-batch)."""
+    if cfg in _valid_configs:
+        return []
+    problems = config_problems(cfg)
+    if not problems:
+        _valid_configs.add(cfg)
+    return problems
+
+
+@torch.no_grad()
+def _metrics(logp, log_ratio, adv, mask, ratio, extra, eps_low, eps_high, entropy):
+    valid = mask > 0
+    n = valid.sum().clamp(min=1)
+
+    def frac(region):  # count_nonzero on bool is several times faster than sum()
+        return torch.count_nonzero(region & valid) / n
+
+    below, above = ratio < 1 - eps_low, ratio > 1 + eps_high
+    neg, pos = adv < 0, adv > 0
+    log_ratio = log_ratio.detach()
+    m = {
+        "clip_frac_low_neg": frac(below & neg),  # the beta1 region
+        "clip_frac_high_pos": frac(above & pos),  # the beta2 region
+        "clip_frac_low_pos": frac(below & pos),
+        "clip_frac_high_neg": frac(above & neg),
+        "approx_kl": ((torch.expm1(log_ratio) - log_ratio) * mask).sum() / n,  # k3 estimate of KL(pi_old || pi_theta)
+        "ratio_mean": (ratio * mask).sum() / n,
+        "num_tokens": n,
+    }
+    for name, value in extra.items():  # the loss's own metrics, as token means
+        m[name] = frac(value) if value.dtype == torch.bool else (value * mask).sum() / n
+    if entropy is not None:  # the four entropy-sensitive regions of arXiv 2602.09782
+        surprising = -logp.detach() > entropy.detach()  # -log pi > H: a low-probability token
+        m["entropy_region_e1"] = frac(pos & ~surprising)  # lowers entropy
+        m["entropy_region_e2"] = frac(pos & surprising)  # raises entropy
+        m["entropy_region_e3"] = frac(neg & ~surprising)  # raises entropy
+        m["entropy_region_e4"] = frac(neg & surprising)  # lowers entropy
+    return m
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. Dynamic clipping ("Flexible Entropy Control", arXiv 2602.09782)
 # ---------------------------------------------------------------------------------------------
 # The clip thresholds become functions of the token's current probability p = pi_theta(y_t)
 # (detached): an upper threshold H(p) and a lower threshold M(p), each linear in p and clamped,
@@ -190,9 +459,6 @@ class DynamicClip:
     min_eps: float = 0.05  # clamp range of H(p) and M(p)  (unverified)
     max_eps: float = 0.6  # (unverified)
     od_floor: float = 0.2  # oscillatory decay: H_min = od_floor * initial entropy
-
-
-DYNAMIC_SCHEDULES = ("id", "did", "od")
 
 
 def upper_threshold(prob: torch.Tensor, dc: DynamicClip) -> torch.Tensor:
@@ -252,246 +518,66 @@ def oscillatory_decay_state(state: int, entropy: float, progress: float, initial
     return state
 
 
+
+
 # ---------------------------------------------------------------------------------------------
-# 4. Per-token losses, one function per algorithm
+# 8. Rollout correction: the sampler is not the trainer
 # ---------------------------------------------------------------------------------------------
-# Each takes the same keywords and returns (loss [B, T] to be minimised, the ratio that the clip
-# regions are judged on [B, T], the tokens removed by dual clip [B, T] bool). log_ratio is
-# log pi_theta - log pi_old, clamped to +-LOG_RATIO_CLAMP; eps_* are floats or [B, T] tensors
-# (dynamic clipping).
+# The sampler (vLLM, bf16 kernels) and the trainer (the training model) give the same token slightly different
+# probabilities, so "on-policy" samples come from q != pi_old. With rho_t = pi_old(y_t) / q(y_t), each per-token
+# loss l_t is multiplied by a detached weight w_t(rho): E_{y~q}[w l] then estimates E_{y~pi_old}[l] (Yao et al.,
+# "Your efficient RL framework secretly brings you off-policy RL training", 2025; TRL and verl use the same forms).
+# In CE-GPPO it enters as w_t * l_t(theta) for every region of Eq. 8: the regions are still judged on
+# d = pi_theta / pi_old (the trainer's own ratio, which the clip is about), and a clipped token's gradient becomes
+# w_t * beta * (1 -+ eps) * A * grad log pi. The correction fixes which distribution the tokens came from; the clip
+# still bounds how far one update moves from pi_old.
+# Under top-p / top-k the sampler's log-prob is over the tokens it kept, renormalised, so pi_old must be taken over
+# the same support (logprobs.py returns the trainer's kept mass): otherwise rho carries the kept mass and is < 1
+# even when both sides compute identical numbers.
 
+def rollout_correction(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, mode: str,
+                       threshold: float):
+    """Detached per-token weights [B, T] for policy_loss(weights=...), the raw log-ratios of the response tokens
+    (flattened, for correction_metrics) and which tokens (token modes) or responses (seq modes) were truncated or
+    masked.
 
-def _dual_clip(loss, adv, clip_ratio_c):
-    """Dual-clip PPO (Ye et al. 2020, as verl): for A < 0, loss = min(loss, -A * c)."""
-    if clip_ratio_c is None:
-        return loss, torch.zeros_like(loss, dtype=torch.bool)
-    cap = -adv * clip_ratio_c
-    dual = (adv < 0) & (loss > cap)
-    return torch.where(dual, cap, loss), dual
-
-
-def ce_gppo_token_loss(*, log_ratio, adv, eps_low, eps_high, beta1, beta2, clip_ratio_c, **_):
-    """CE-GPPO, paper Eq. 8 (gradient Eq. 9-10), then the official code's dual clip."""
-    ratio = torch.exp(log_ratio)
-    r = ratio.detach()
-    in_beta1 = (r < 1 - eps_low) & (adv < 0)  # left boundary: negative, pushed-down tokens
-    in_beta2 = (r > 1 + eps_high) & (adv > 0)  # right boundary: positive, pushed-up tokens
-    # The gradient weight F on A * grad log pi: beta1 (1 - eps_low), beta2 (1 + eps_high), or d itself.
-    # F / sg(d) * d has value F and gradient F * grad log pi (Eq. 9-10).
-    weight = torch.where(in_beta1, beta1 * (1 - eps_low), torch.where(in_beta2, beta2 * (1 + eps_high), r))
-    loss, dual = _dual_clip(-(weight / r) * ratio * adv, adv, clip_ratio_c)
-    return loss, r, dual
-
-
-def gppo_token_loss(**kw):
-    """GPPO (Klear-Reasoner Eq. 7): CE-GPPO with beta1 = beta2 = 1, whatever beta1/beta2 are passed."""
-    return ce_gppo_token_loss(**{**kw, "beta1": 1.0, "beta2": 1.0})
-
-
-def ppo_clip_token_loss(*, log_ratio, adv, eps_low, eps_high, clip_ratio_c, **_):
-    """PPO-clip (GRPO, DAPO): loss = max(-d A, -clip(d, 1 - eps_low, 1 + eps_high) A), then dual clip.
-
-    Gradient: -d A * grad log pi, except zero where d < 1 - eps_low, A < 0 or d > 1 + eps_high, A > 0.
+    trainer_logp: log pi_old(y_t) over the sampler's support; sampler_logp: log q(y_t), the sampler's own value.
+      token-tis  w_t = min(rho_t, C)                 truncated importance sampling
+      token-mis  w_t = rho_t if rho_t <= C, else 0    masked importance sampling
+      seq-tis    w_t = min(rho_i, C), rho_i = prod_t rho_t over response i
+      seq-mis    w_t = rho_i if rho_i <= C, else 0
     """
-    ratio = torch.exp(log_ratio)
-    lo = 1 - eps_low
-    hi = 1 + eps_high
-    if not torch.is_tensor(lo):
-        lo, hi = torch.tensor(lo, dtype=ratio.dtype, device=ratio.device), torch.tensor(hi, dtype=ratio.dtype, device=ratio.device)
-    clipped = torch.minimum(torch.maximum(ratio, lo), hi)
-    loss, dual = _dual_clip(torch.maximum(-adv * ratio, -adv * clipped), adv, clip_ratio_c)
-    return loss, ratio.detach(), dual
+    if mode not in ROLLOUT_CORRECTIONS[1:]:
+        raise ValueError(f"rollout correction mode must be one of {ROLLOUT_CORRECTIONS[1:]}, got {mode!r}")
+    with torch.no_grad():
+        valid = mask > 0
+        log_rho = torch.where(valid, trainer_logp - sampler_logp, 0.0).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        if mode.startswith("seq"):
+            log_rho_unit = log_rho.sum(-1, keepdim=True).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+            corrected = (log_rho_unit.squeeze(-1) > math.log(threshold))[valid.any(-1)]
+            rho = log_rho_unit.exp().expand_as(log_rho)
+        else:
+            rho = log_rho.exp()
+            corrected = (rho > threshold)[valid]
+        weights = rho.clamp(max=threshold) if mode.endswith("tis") else torch.where(rho > threshold, 0.0, rho)
+        return torch.where(valid, weights, 0.0), log_rho[valid], corrected
 
 
-def cispo_token_loss(*, logp, log_ratio, adv, eps_low, eps_high, **_):
-    """CISPO (MiniMax-M1 Eq. 4): loss = -sg(clip(d, 1 - eps_low, 1 + eps_high)) * A * log pi.
-
-    Every token keeps a gradient, weighted by the clipped, detached IS ratio. MiniMax-M1 sets no lower
-    bound (eps_low = 1 here) and tunes only eps_high.
-    """
-    ratio = torch.exp(log_ratio.detach())
-    weight = ratio.clamp(min=1 - eps_low, max=1 + eps_high)
-    return -weight * adv * logp, ratio, torch.zeros_like(ratio, dtype=torch.bool)
-
-
-def gspo_token_loss(*, logp, log_ratio, adv, mask, eps_low, eps_high, **_):
-    """GSPO-token (GSPO Eq. 13-14): s_i = exp(mean_t log d_it) per response, and per token
-    s_it = sg(s_i) * pi(y_t) / sg(pi(y_t)); loss = max(-s_it A, -clip(s_it, 1 - eps_low, 1 + eps_high) A).
-
-    With one advantage per response and seq-mean-token-mean this is GSPO's sequence objective exactly:
-    the gradient on log pi(y_t) is s_i A / |y_i|, and zero when s_i is clipped.
-    """
-    n = mask.sum(-1).clamp(min=1)
-    seq_log_ratio = (log_ratio.detach() * mask).sum(-1) / n
-    s = torch.exp(seq_log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).unsqueeze(-1)
-    s_tok = s * torch.exp(logp - logp.detach())
-    clipped = s_tok.clamp(1 - eps_low, 1 + eps_high)
-    loss = torch.maximum(-adv * s_tok, -adv * clipped)
-    return loss, s.expand_as(logp), torch.zeros_like(logp, dtype=torch.bool)
-
-
-@dataclass(frozen=True)
-class Algorithm:
-    """How one algorithm plugs into policy_loss()."""
-    token_loss: Callable  # per-token loss function, as above
-    eps_low: float  # default lower clip range
-    eps_high: float  # default upper clip range
-    loss_agg_mode: str  # default aggregation
-    dynamic_clip: bool  # whether dynamic clip thresholds apply
-
-
-# Add a new algorithm here: one per-token loss function and one line.
-ALGORITHMS = {
-    "ce_gppo": Algorithm(ce_gppo_token_loss, 0.2, 0.2, "token-mean", True),  # CE-GPPO: symmetric 0.2, no clip-higher
-    "gppo": Algorithm(gppo_token_loss, 0.2, 0.2, "token-mean", True),
-    "grpo": Algorithm(ppo_clip_token_loss, 0.2, 0.2, "seq-mean-token-mean", True),  # GRPO Eq. 3 averages per response
-    "dapo": Algorithm(ppo_clip_token_loss, 0.2, 0.28, "token-mean", True),  # DAPO: clip-higher + token-mean
-    "cispo": Algorithm(cispo_token_loss, 1.0, 0.28, "token-mean", False),  # eps_high 0.28 is a common choice (unverified for the paper)
-    "gspo": Algorithm(gspo_token_loss, 3e-4, 4e-4, "seq-mean-token-mean", False),  # GSPO paper's ranges
-}
-
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+def correction_metrics(log_rho: torch.Tensor, corrected: torch.Tensor) -> dict:
+    """From the raw per-token log-ratios log(pi_old / q) of a step (before truncation): the k3 estimate of
+    KL(q || pi_old) = E_q[rho - 1 - log rho], rho's min / mean / max, the p99 of |log rho|, and the fraction of
+    tokens or responses the correction truncated or masked."""
+    if log_rho.numel() == 0:
+        return {}
+    rho = log_rho.double().exp()
+    return {"rollout_kl_k3": (rho - 1 - log_rho.double()).mean().item(), "rollout_ratio_min": rho.min().item(),
+            "rollout_ratio_mean": rho.mean().item(), "rollout_ratio_max": rho.max().item(),
+            "rollout_abs_log_ratio_p99": torch.quantile(log_rho.abs().float(), 0.99).item(),
+            "rollout_corrected_frac": corrected.float().mean().item() if corrected.numel() else 0.0}
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. Aggregation
-# ---------------------------------------------------------------------------------------------
-
-def aggregate(token_loss, mask, mode="token-mean", *, num_tokens=None, num_seqs=None, norm_len=None):
-    """Reduce a [B, T] per-token loss to a scalar.
-
-    token-mean               sum_it loss / num_tokens             (DAPO, CE-GPPO; num_tokens = all
-                                                                  response tokens of the mini-batch)
-    seq-mean-token-mean      sum_i (sum_t loss / |y_i|) / num_seqs (GRPO, GSPO)
-    seq-mean-token-sum-norm  sum_it loss / (num_seqs * norm_len)  (Dr. GRPO; norm_len a constant, e.g.
-                                                                  the max response length)
-    Pass the mini-batch's num_tokens / num_seqs when the mini-batch is split into micro-batches: the
-    micro-batch losses then sum to the mini-batch loss exactly, and so do their gradients.
-    """
-    mask = mask.to(token_loss.dtype)
-    summed = token_loss * mask
-    if mode == "token-mean":
-        denom = mask.sum() if num_tokens is None else num_tokens
-        return summed.sum() / torch.as_tensor(denom, dtype=token_loss.dtype).clamp(min=1)
-    seqs = mask.shape[0] if num_seqs is None else num_seqs
-    if mode == "seq-mean-token-mean":
-        per_seq = summed.sum(-1) / mask.sum(-1).clamp(min=1)
-        return per_seq.sum() / seqs
-    if mode == "seq-mean-token-sum-norm":
-        length = mask.shape[-1] if norm_len is None else norm_len
-        return summed.sum() / (seqs * length)
-    raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {mode!r}")
-
-
-# ---------------------------------------------------------------------------------------------
-# 6. The entry point
-# ---------------------------------------------------------------------------------------------
-
-def policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    algo: str = "ce_gppo",
-    eps_low: float | None = None,
-    eps_high: float | None = None,
-    beta1: float = 0.5,
-    beta2: float = 1.0,
-    clip_ratio_c: float | None = 10.0,
-    num_tokens: int | torch.Tensor | None = None,
-    num_seqs: int | None = None,
-    loss_agg_mode: str | None = None,
-    norm_len: int | None = None,
-    dynamic_clip: DynamicClip | None = None,
-    progress: float = 0.0,
-    od_state: int = 0,
-    entropy: torch.Tensor | None = None,
-):
-    """The policy-gradient loss of `algo` (minimised) and its diagnostics.
-
-    logp       [B, T] log pi_theta of the sampled tokens (with grad), e.g. from token_logprobs_and_entropy
-    old_logp   [B, T] log pi_old of the same tokens (no grad)
-    advantages [B, 1] or [B, T]
-    mask       [B, T] 1 on response tokens, 0 on padding
-    eps_low / eps_high: clip range; None takes the algorithm's default (ALGORITHMS).
-    beta1 / beta2: CE-GPPO's gradient scales on the left / right boundary (ignored by other algorithms).
-    clip_ratio_c: dual-clip bound for A < 0 (ce_gppo, gppo, grpo, dapo); None disables it.
-    num_tokens / num_seqs: the mini-batch's totals when this call sees one micro-batch (exact means).
-    loss_agg_mode: None takes the algorithm's default; see aggregate().
-    dynamic_clip, progress, od_state: replace eps_low / eps_high by the dynamic thresholds at
-        training progress k/T (ce_gppo, gppo, grpo, dapo).
-    entropy    [B, T] optional per-token entropy, to report the four entropy-sensitive regions.
-
-    Returns (loss, metrics); metrics are detached 0-d tensors over this call's response tokens.
-    """
-    if algo not in ALGORITHMS:
-        raise ValueError(f"unknown algo {algo!r}; choose one of {sorted(ALGORITHMS)}")
-    spec = ALGORITHMS[algo]
-    if logp.dim() != 2 or old_logp.shape != logp.shape or mask.shape != logp.shape:
-        raise ValueError(f"logp, old_logp and mask must all be [batch, T]; got {tuple(logp.shape)}, {tuple(old_logp.shape)}, {tuple(mask.shape)}")
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)
-    if advantages.shape not in ((logp.shape[0], 1), logp.shape):
-        raise ValueError(f"advantages must be [batch, 1] or [batch, T] = {tuple(logp.shape)}, got {tuple(advantages.shape)}")
-    eps_low = spec.eps_low if eps_low is None else eps_low
-    eps_high = spec.eps_high if eps_high is None else eps_high
-    if eps_low <= 0 or eps_high <= 0:
-        raise ValueError(f"eps_low and eps_high must be > 0, got {eps_low} and {eps_high}")
-    if beta1 < 0 or beta2 < 0:
-        raise ValueError(f"beta1 and beta2 must be >= 0, got {beta1} and {beta2}")
-    if clip_ratio_c is not None and clip_ratio_c <= 1 + eps_high:
-        raise ValueError(f"clip_ratio_c must exceed 1 + eps_high = {1 + eps_high}, got {clip_ratio_c}")
-    mode = spec.loss_agg_mode if loss_agg_mode is None else loss_agg_mode
-    if mode not in LOSS_AGG_MODES:
-        raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {mode!r}")
-    if dynamic_clip is not None:
-        if not spec.dynamic_clip:
-            raise ValueError(f"dynamic clipping applies to {[a for a, s in ALGORITHMS.items() if s.dynamic_clip]}, not {algo!r}")
-        eps_low, eps_high = dynamic_clip_eps(logp.detach().exp(), dynamic_clip, progress, od_state)
-
-    mask = mask.to(logp.dtype)
-    adv = advantages.to(logp.dtype).expand_as(logp)
-    log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    token_loss, ratio, dual = spec.token_loss(
-        logp=logp, log_ratio=log_ratio, adv=adv, mask=mask, eps_low=eps_low, eps_high=eps_high,
-        beta1=beta1, beta2=beta2, clip_ratio_c=clip_ratio_c,
-    )
-    loss = aggregate(token_loss, mask, mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_len=norm_len)
-    return loss, _metrics(logp, log_ratio.detach(), adv, mask, ratio, dual, eps_low, eps_high, entropy)
-
-
-@torch.no_grad()
-def _metrics(logp, log_ratio, adv, mask, ratio, dual, eps_low, eps_high, entropy):
-    valid = mask > 0
-    n = valid.sum().clamp(min=1)
-
-    def frac(region):  # count_nonzero on bool is several times faster than sum()
-        return torch.count_nonzero(region & valid) / n
-
-    below, above = ratio < 1 - eps_low, ratio > 1 + eps_high
-    neg, pos = adv < 0, adv > 0
-    m = {
-        "clip_frac_low_neg": frac(below & neg),  # the beta1 region
-        "clip_frac_high_pos": frac(above & pos),  # the beta2 region
-        "clip_frac_low_pos": frac(below & pos),
-        "clip_frac_high_neg": frac(above & neg),
-        "dual_clip_frac": frac(dual),
-        "approx_kl": ((log_ratio.exp() - 1 - log_ratio) * mask).sum() / n,  # k3 estimate of KL(pi_old || pi_theta)
-        "ratio_mean": (ratio * mask).sum() / n,
-        "num_tokens": n,
-    }
-    if entropy is not None:  # the four entropy-sensitive regions of arXiv 2602.09782
-        surprising = -logp.detach() > entropy  # -log pi > H: a low-probability token
-        m["entropy_region_e1"] = frac(pos & ~surprising)  # lowers entropy
-        m["entropy_region_e2"] = frac(pos & surprising)  # raises entropy
-        m["entropy_region_e3"] = frac(neg & ~surprising)  # raises entropy
-        m["entropy_region_e4"] = frac(neg & surprising)  # lowers entropy
-    return m
-
-
-# ---------------------------------------------------------------------------------------------
-# 7. The positive-example LM term of the official scripts
+# 9. The positive-example LM term of the official scripts
 # ---------------------------------------------------------------------------------------------
 
 def positive_example_lm_loss(logp: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor, *, num_tokens=None):
@@ -504,3 +590,4 @@ def positive_example_lm_loss(logp: torch.Tensor, mask: torch.Tensor, correct: to
     selected = mask.to(logp.dtype) * correct.to(logp.dtype).unsqueeze(-1)
     denom = selected.sum() if num_tokens is None else num_tokens
     return -(logp * selected).sum() / torch.as_tensor(denom, dtype=logp.dtype).clamp(min=1)
+

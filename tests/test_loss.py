@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 
-import bench
 import loss as L
 
 # Ratios chosen to land in every region for eps 0.2 / 0.28, c = 10: far below, just below, inside,
@@ -62,10 +61,10 @@ def expected_token(algo, d, a, logp, eps_low, eps_high, beta1, beta2, c):
 def test_token_level_algorithms_match_closed_form(algo, per_token_adv):
     logp, old_logp, adv, mask = make_batch(per_token_adv=per_token_adv)
     beta1, beta2, c = 0.5, 1.0, 10.0
-    loss, metrics = L.policy_loss(logp, old_logp, adv, mask, algo=algo, beta1=beta1, beta2=beta2,
-                                  clip_ratio_c=c, loss_agg_mode="token-mean")
+    loss, metrics = L.policy_loss(logp, old_logp, adv, mask, L.loss_config(algo, beta1=beta1, beta2=beta2,
+                                  clip_ratio_c=c, loss_agg_mode="token-mean"))
     loss.backward()
-    spec = L.ALGORITHMS[algo]
+    spec = L.loss_config(algo)
     n = mask.sum().item()
     adv_full = adv.expand_as(logp)
     want_value, want_grad = 0.0, torch.zeros_like(logp)
@@ -84,7 +83,7 @@ def test_token_level_algorithms_match_closed_form(algo, per_token_adv):
 
 def test_batch_covers_every_region():
     logp, old_logp, adv, mask = make_batch()
-    _, m = L.policy_loss(logp, old_logp, adv, mask, algo="dapo")
+    _, m = L.policy_loss(logp, old_logp, adv, mask, L.loss_config("dapo"))
     for key in ["clip_frac_low_neg", "clip_frac_high_pos", "clip_frac_low_pos", "clip_frac_high_neg", "dual_clip_frac"]:
         assert m[key] > 0, key
 
@@ -95,8 +94,8 @@ def test_gspo_matches_sequence_level_gradient():
     g = torch.Generator().manual_seed(1)
     small = (torch.rand(logp.shape, generator=g, dtype=torch.float64) - 0.5) * 2e-3
     logp = (old_logp + small).detach().requires_grad_(True)
-    eps_low, eps_high = L.ALGORITHMS["gspo"].eps_low, L.ALGORITHMS["gspo"].eps_high
-    loss, metrics = L.policy_loss(logp, old_logp, adv, mask, algo="gspo")
+    eps_low, eps_high = L.loss_config("gspo").eps_low, L.loss_config("gspo").eps_high
+    loss, metrics = L.policy_loss(logp, old_logp, adv, mask, L.loss_config("gspo"))
     loss.backward()
     batch = logp.shape[0]
     want = torch.zeros_like(logp)
@@ -119,7 +118,7 @@ def test_gspo_matches_sequence_level_gradient():
 
 def _grad(algo, **kw):
     logp, old_logp, adv, mask = make_batch(seed=3, per_token_adv=True)
-    loss, _ = L.policy_loss(logp, old_logp, adv, mask, algo=algo, loss_agg_mode="token-mean", **kw)
+    loss, _ = L.policy_loss(logp, old_logp, adv, mask, L.loss_config(algo, loss_agg_mode="token-mean", **kw))
     loss.backward()
     return logp.grad
 
@@ -133,7 +132,7 @@ def test_beta_zero_is_ppo_clip_and_beta_one_is_gppo():
 @pytest.mark.parametrize("algo", ["ce_gppo", "grpo"])
 def test_dual_clip_zeroes_negative_tokens_beyond_c(algo):
     logp, old_logp, adv, mask = make_batch()
-    loss, m = L.policy_loss(logp, old_logp, adv, mask, algo=algo, clip_ratio_c=10.0)
+    loss, m = L.policy_loss(logp, old_logp, adv, mask, L.loss_config(algo, clip_ratio_c=10.0))
     loss.backward()
     ratio = (logp - old_logp).exp().detach()
     beyond = (ratio > 10.0) & (adv < 0) & mask.bool()
@@ -142,7 +141,7 @@ def test_dual_clip_zeroes_negative_tokens_beyond_c(algo):
     assert m["dual_clip_frac"].item() == pytest.approx(beyond.sum().item() / mask.sum().item())
     # without dual clip those tokens do get a gradient
     logp.grad = None
-    L.policy_loss(logp, old_logp, adv, mask, algo=algo, clip_ratio_c=None)[0].backward()
+    L.policy_loss(logp, old_logp, adv, mask, L.loss_config(algo, clip_ratio_c=0))[0].backward()
     assert (logp.grad[beyond] != 0).all()
 
 
@@ -150,14 +149,14 @@ def test_dual_clip_zeroes_negative_tokens_beyond_c(algo):
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_micro_batches_sum_to_the_full_batch_gradient(algo, mode):
     logp, old_logp, adv, mask = make_batch(seed=5, per_token_adv=True)
-    full, _ = L.policy_loss(logp, old_logp, adv, mask, algo=algo, loss_agg_mode=mode, norm_len=32)
+    full, _ = L.policy_loss(logp, old_logp, adv, mask, L.loss_config(algo, loss_agg_mode=mode, norm_len=32))
     full.backward()
     full_grad = logp.grad.clone()
     logp.grad = None
     total = 0.0
     for rows in (slice(0, 3), slice(3, 5), slice(5, 8)):  # three unequal micro-batches
-        part, _ = L.policy_loss(logp[rows], old_logp[rows], adv[rows], mask[rows], algo=algo, loss_agg_mode=mode,
-                                num_tokens=mask.sum(), num_seqs=mask.shape[0], norm_len=32)
+        part, _ = L.policy_loss(logp[rows], old_logp[rows], adv[rows], mask[rows], L.loss_config(algo, loss_agg_mode=mode, norm_len=32),
+                                totals=L.Totals(tokens=mask.sum(), seqs=mask.shape[0]))
         part.backward()
         total += part.item()
     assert total == pytest.approx(full.item(), rel=1e-12)
@@ -182,7 +181,7 @@ def test_region_fractions_on_hand_built_input():
     mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 0]], dtype=torch.float64)
     old_logp = torch.full_like(ratio, -2.0)
     logp = old_logp + ratio.log()
-    _, m = L.policy_loss(logp, old_logp, adv, mask, algo="ce_gppo", clip_ratio_c=10.0)
+    _, m = L.policy_loss(logp, old_logp, adv, mask, L.loss_config("ce_gppo", clip_ratio_c=10.0))
     n = 7
     assert m["clip_frac_low_neg"].item() == pytest.approx(1 / n)
     assert m["clip_frac_high_pos"].item() == pytest.approx(1 / n)
@@ -207,7 +206,7 @@ def test_log_ratio_overflow_is_guarded():
     logp = torch.tensor([[0.0, -1.0]], requires_grad=True)
     old_logp = torch.tensor([[-200.0, -1.0]])
     for algo in L.ALGORITHMS:
-        loss, m = L.policy_loss(logp, old_logp, torch.tensor([[-1.0]]), torch.ones(1, 2), algo=algo)
+        loss, m = L.policy_loss(logp, old_logp, torch.tensor([[-1.0]]), torch.ones(1, 2), L.loss_config(algo))
         loss.backward()
         assert torch.isfinite(loss) and torch.isfinite(logp.grad).all(), algo
         assert all(torch.isfinite(v) for v in m.values()), algo
@@ -223,14 +222,15 @@ def test_log_ratio_overflow_is_guarded():
     (dict(beta1=-0.5), "beta1 and beta2 must be >= 0"),
     (dict(clip_ratio_c=1.1), "clip_ratio_c must exceed"),
     (dict(loss_agg_mode="sum"), "loss_agg_mode must be one of"),
-    (dict(algo="cispo", dynamic_clip=L.DynamicClip()), "dynamic clipping applies to"),
-    (dict(dynamic_clip=L.DynamicClip(schedule="zigzag")), "schedule must be one of"),
-    (dict(dynamic_clip=L.DynamicClip(), progress=1.5), "progress must be in [0, 1]"),
+    (dict(algo="cispo", dynamic_clip="id"), "dynamic clipping applies to"),
+    (dict(dynamic_clip="zigzag"), "schedule must be one of"),
+    (dict(dynamic_clip="id", progress=1.5), "progress must be in [0, 1]"),
 ])
 def test_bad_arguments_are_rejected_with_a_message(kwargs, message):
     logp, old_logp, adv, mask = make_batch()
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        L.policy_loss(logp, old_logp, adv, mask, **kwargs)
+        progress = kwargs.pop("progress", 0.0)
+        L.policy_loss(logp, old_logp, adv, mask, L.LossConfig(**kwargs), progress=progress)
 
 
 def test_bad_shapes_are_rejected():
@@ -311,7 +311,7 @@ def test_dynamic_clip_thresholds_follow_token_probability(algo):
     logp = torch.log(torch.tensor([[0.05, 0.9]], dtype=torch.float64)).requires_grad_(True)
     old_logp = logp.detach() - math.log(1.3)
     loss, m = L.policy_loss(logp, old_logp, torch.tensor([[1.0]], dtype=torch.float64), torch.ones(1, 2, dtype=torch.float64),
-                            algo=algo, beta2=0.5, dynamic_clip=L.DynamicClip(schedule="id"), progress=0.0)
+                            L.loss_config(algo, beta2=0.5, dynamic_clip="id"), progress=0.0)
     loss.backward()
     assert m["clip_frac_high_pos"].item() == pytest.approx(0.5)
     assert logp.grad[0, 0].item() == pytest.approx(-1.3 / 2)  # inside: weight d
@@ -334,66 +334,3 @@ def test_positive_example_lm_loss():
     assert sum(p.item() for p in parts) == pytest.approx(loss.item())
     none = L.positive_example_lm_loss(logp, mask, torch.zeros(3, dtype=torch.bool))
     assert none.item() == 0.0
-
-
-# --- chunked log-probs and entropy -----------------------------------------------------------
-
-def naive_logprobs_and_entropy(logits, targets, temperature):
-    logsm = torch.log_softmax(logits.float() / temperature, dim=-1)
-    logp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logsm.exp() * logsm).sum(-1)
-    return logp, entropy.detach()
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-@pytest.mark.parametrize("chunk_elements", [2**25, 3 * 50, 1000 * 50])  # one chunk; < one row; several rows
-def test_chunked_logprobs_match_naive(dtype, temperature, chunk_elements):
-    g = torch.Generator().manual_seed(0)
-    vocab = 50
-    full = (torch.randn(4, 9, vocab, generator=g) * 3).to(dtype)
-    logits = full[:, :-1].detach().requires_grad_(False)  # a non-contiguous view, as models' logits are sliced
-    base = full.clone().requires_grad_(True)
-    targets = torch.randint(0, vocab, (4, 8), generator=g)
-    upstream = torch.randn(4, 8, generator=g)
-
-    logp, entropy = L.token_logprobs_and_entropy(base[:, :-1], targets, temperature=temperature, chunk_elements=chunk_elements)
-    (logp * upstream).sum().backward()
-    ours_grad = base.grad.clone()
-    base.grad = None
-    want_logp, want_entropy = naive_logprobs_and_entropy(base[:, :-1], targets, temperature)
-    (want_logp * upstream).sum().backward()
-
-    assert logp.dtype == torch.float32 and not entropy.requires_grad
-    torch.testing.assert_close(logp, want_logp, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(entropy, want_entropy, rtol=1e-5, atol=1e-5)
-    tol = 1e-6 if dtype == torch.float32 else 1e-2
-    torch.testing.assert_close(ours_grad, base.grad, rtol=tol, atol=tol)
-    assert torch.equal(logits, full[:, :-1])  # input untouched
-
-
-def test_chunked_logprobs_without_entropy_and_under_no_grad():
-    logits = torch.randn(2, 5, 11)
-    targets = torch.randint(0, 11, (2, 5))
-    with torch.no_grad():
-        logp, entropy = L.token_logprobs_and_entropy(logits, targets, with_entropy=False)
-    assert entropy is None and not logp.requires_grad
-    torch.testing.assert_close(logp, naive_logprobs_and_entropy(logits, targets, 1.0)[0])
-    with pytest.raises(ValueError, match="temperature must be > 0"):
-        L.token_logprobs_and_entropy(logits, targets, temperature=0)
-    with pytest.raises(ValueError, match=r"targets \[batch, T\]"):
-        L.token_logprobs_and_entropy(logits, targets[:, :3])
-
-
-def test_chunked_logprobs_peak_memory_stays_bounded():
-    """At vocabulary 151,936 the forward's extra memory is ~one fp32 chunk, not [T, vocab] in fp32."""
-    chunk_elements = 2**22
-    naive = bench.logprob_peak("naive", tokens=512, chunk_elements=chunk_elements, repeats=0)
-    ours = bench.logprob_peak("chunked", tokens=512, chunk_elements=chunk_elements, repeats=0)
-    logits_bytes, chunk_bytes = naive["logits_bytes"], chunk_elements * 4
-    assert naive["forward_peak_bytes"] > 3 * logits_bytes  # fp32 copy, log_softmax, exp: each 2x the bf16 logits
-    assert ours["forward_peak_bytes"] < 4 * chunk_bytes, ours
-    assert ours["forward_peak_bytes"] < 0.1 * naive["forward_peak_bytes"], (ours, naive)
-    # backward must return a gradient the size of the logits; beyond that, again about a chunk
-    assert ours["total_peak_bytes"] < logits_bytes + 4 * chunk_bytes, ours
-    assert naive["total_peak_bytes"] > 2 * ours["total_peak_bytes"], (ours, naive)

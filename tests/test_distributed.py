@@ -18,17 +18,17 @@ WORKER = r'''
 import json, random, sys
 import torch
 sys.path.insert(0, {root!r})
-import train
+import distributed as D, train
 from transformers import AutoModelForCausalLM
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-rank, world, device = train.init_distributed()
+rank, world, device = D.init()
 args = train.parse_args(["--preset", "tiny", "--algo", {algo!r}, "--n", "4", "--mini-batch-prompts", "3",
                          "--train-prompts", "6", "--gen-prompts", "6", "--micro-batch-size", "2",
                          "--positive-lm-coef", "0.1", "--grad-clip", "1e9"])
 torch.manual_seed(0)
 model = AutoModelForCausalLM.from_pretrained({model!r}, dtype=torch.float32)
-model = train.shard_model(model, "fp32") if world > 1 else model
+model = D.shard_model(model, "fp32") if world > 1 else model
 optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
 rng = random.Random(0)
 groups = []
@@ -39,13 +39,13 @@ for g in range(6):
 mini_batches = [[s for i in range(m, m + 3) if i % world == rank for s in groups[i]] for m in (0, 3)]
 # old log-probs come from the model before the update, as in train.py; make the ratios leave the clip range
 real = train.response_logprobs
-def shifted(model, mb, temperature, precision, with_entropy):
-    logp, entropy = real(model, mb, temperature, precision, with_entropy)
-    return (logp + 0.3 * torch.sin(torch.arange(logp.numel()).view_as(logp).float()) if with_entropy else logp), entropy
+def shifted(policy, mb, grad=False, truncation=False):
+    logp, entropy, kept = real(policy, mb, grad=grad, truncation=truncation)
+    return (logp + 0.3 * torch.sin(torch.arange(logp.numel()).view_as(logp).float()) if not grad else logp), entropy, kept
 train.response_logprobs = shifted
-metrics = train.update_policy(args, model, optimizer, mini_batches, 0, device, 0, None, {{"od_state": 0}})
+metrics = train.update_policy(train.make_policy(args, model, optimizer, 0, device), mini_batches, args.loss)
 full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-if train.is_main():
+if D.is_main():
     torch.save({{"params": full, "metrics": metrics}}, {out!r})
 if world > 1:
     torch.distributed.destroy_process_group()
@@ -106,18 +106,18 @@ def test_two_rank_run_logs_once_and_resumes_on_one_rank(tmp_path, tiny_model_pat
     assert sorted(f for f in os.listdir(tmp_path / "checkpoints" / "step_000002") if f.endswith(".distcp")) == \
         ["__0_0.distcp", "__1_0.distcp"]  # each rank wrote its shards
     # the sharded checkpoint loads whole into one process, equal to the gathered HF-format policy of the same step
-    import train
+    import runfolder
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters())
-    state = train.load_checkpoint(str(tmp_path / "checkpoints" / "step_000002"), model, optimizer)
+    state = runfolder.load_checkpoint(str(tmp_path / "checkpoints" / "step_000002"), model, optimizer)
     assert state["step"] == 2 and state["world_size"] == 2
     final = load_file(tmp_path / "final" / "model.safetensors")
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.detach(), final[name], rtol=0, atol=0)
     assert len(optimizer.state) == len(list(model.parameters()))  # AdamW moments came back too
-    exported = load_file(os.path.join(train.export_hf(str(tmp_path / "checkpoints" / "step_000002"), str(tmp_path / "hf")),
+    exported = load_file(os.path.join(runfolder.export_hf(str(tmp_path / "checkpoints" / "step_000002"), str(tmp_path / "hf")),
                                       "model.safetensors"))
     assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)
 
@@ -135,12 +135,12 @@ SAMPLER_WORKER = r'''
 import json, sys
 import torch
 sys.path.insert(0, {root!r})
-import rollout, tiny, train
+import distributed as D, rollout, tiny, train
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-rank, world, device = train.init_distributed()
+rank, world, device = D.init()
 tokenizer = AutoTokenizer.from_pretrained({model!r})
-model = train.shard_model(AutoModelForCausalLM.from_pretrained({model!r}, dtype=torch.float32), "fp32")
+model = D.shard_model(AutoModelForCausalLM.from_pretrained({model!r}, dtype=torch.float32), "fp32")
 engine = rollout.make_sampler("vllm", {model!r}, tokenizer=tokenizer, dtype="float32", max_model_len=256)
 problems = [r["problem"] for r in tiny.arithmetic_split("test", 6)][rank::world][:2 - rank]  # 2 prompts and 1
 
@@ -152,7 +152,7 @@ with torch.no_grad():
         p.add_(torch.randn_like(p) * 0.05)
 want = greedy(rollout.HFSampler(model, tokenizer))  # HF generate on the sharded model, ranks in lockstep
 stale = greedy(engine)
-engine.load_weights(train.full_named_parameters(model))
+engine.load_weights(D.full_named_parameters(model))
 with open({out!r} + str(rank), "w") as f:
     json.dump({{"want": want, "stale": stale, "synced": greedy(engine)}}, f)
 engine.close()

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-import loss
+import logprobs
 import rollout
 import tiny
 from conftest import vllm_or_skip
@@ -98,7 +98,7 @@ def test_vllm_logprobs_agree_with_the_training_model(engine, policy, tokenizer):
             seq = torch.tensor([ids + c.token_ids])
             with torch.no_grad():
                 logits = policy(seq).logits[:, len(ids) - 1:-1]
-            ours, _ = loss.token_logprobs_and_entropy(logits, seq[:, len(ids):], temperature=1.0)
+            ours, _ = logprobs.token_logprobs_and_entropy(logits, seq[:, len(ids):], temperature=1.0)
             worst = max(worst, (ours[0] - torch.tensor(c.logprobs)).abs().max().item())
     assert worst < 1e-3, worst
 
@@ -137,3 +137,57 @@ def test_backend_choice(policy, tokenizer, tiny_model_path):
 def test_ignore_eos_generates_exactly_max_tokens(sampler, tokenizer):
     groups = rollout.sample(sampler, tokenizer, PROBLEMS[:2], n=2, max_tokens=60, ignore_eos=True)
     assert all(len(c.token_ids) == 60 and not c.finished for g in groups for c in g)
+
+
+# --- the sampler/trainer mismatch and its correction (loss.rollout_correction) ------------------------
+
+def log_ratios(sampler, policy, tokenizer, *, temperature, top_p, prompts=PROBLEMS, n=4, max_tokens=40):
+    """Per response token: log pi_trainer(y) over the full vocabulary, over the sampler's kept support, and the
+    sampler's own (processed) log q(y); plus the trainer's kept mass. fp32 trainer, fused path off."""
+    import train
+    prompt_ids = rollout.encode_prompts(tokenizer, prompts)
+    torch.manual_seed(0)
+    groups = sampler.generate(prompt_ids, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=True)
+    seqs = [{"prompt_ids": ids, "response_ids": c.token_ids, "sampler_logprobs": c.logprobs, "advantage": 0.0, "correct": False}
+            for ids, g in zip(prompt_ids, groups) for c in g]
+    mb = train.collate(seqs, tokenizer.pad_token_id, torch.device("cpu"))
+    with torch.no_grad():
+        logp, _, kept = logprobs.model_logprobs(policy, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
+                                                mb["response_ids"], temperature=temperature, fused=False,
+                                                truncation=(top_p, 0))
+    valid = mb["response_mask"] > 0
+    truncated = logprobs.truncated_logprobs(logp, kept)
+    return {"full": (logp - mb["sampler_logp"])[valid], "truncated": (truncated - mb["sampler_logp"])[valid],
+            "kept_mass": kept.log_kept_mass.exp()[valid]}
+
+
+@pytest.fixture(scope="module")
+def bf16_engine(tiny_model_path, tokenizer):
+    vllm_or_skip()
+    return rollout.make_sampler("vllm", tiny_model_path, tokenizer=tokenizer, dtype="bfloat16", max_model_len=256)
+
+
+def test_fp32_sampler_and_trainer_agree_and_bf16_sampler_does_not(engine, bf16_engine, policy, tokenizer):
+    fp32 = log_ratios(engine, policy, tokenizer, temperature=1.0, top_p=1.0)["full"].abs()
+    bf16 = log_ratios(bf16_engine, policy, tokenizer, temperature=1.0, top_p=1.0)["full"].abs()
+    # fp32 on both sides: the same math in different kernels. Stated tolerance: p99 of |log rho| < 1e-3.
+    assert torch.quantile(fp32, 0.99) < 1e-3 and fp32.max() < 1e-2
+    # a bf16 sampler against the fp32 trainer: measurably off, and the correction's metrics show it
+    assert torch.quantile(bf16, 0.99) > 10 * torch.quantile(fp32, 0.99)
+    import loss
+    weights, log_rho, flags = loss.rollout_correction(torch.zeros(1, len(bf16)), -bf16.unsqueeze(0), torch.ones(1, len(bf16)),
+                                                     "token-tis", 2.0)
+    m = loss.correction_metrics(log_rho, flags)
+    assert m["rollout_kl_k3"] > 0 and m["rollout_abs_log_ratio_p99"] > 10 * torch.quantile(fp32, 0.99).item()
+
+
+def test_under_top_p_the_ratio_over_the_kept_support_is_one_and_the_full_one_is_the_kept_mass(engine, policy, tokenizer):
+    """vLLM's processed log-probs are renormalised over the tokens top-p keeps. Taken over the full vocabulary, the
+    trainer's ratio pi / q is the kept mass (not 1) even though both sides compute the same distribution; taken over
+    the same kept support (what train.py does) it is 1."""
+    r = log_ratios(engine, policy, tokenizer, temperature=1.5, top_p=0.8, n=8)
+    kept_mass = r["kept_mass"].mean().item()
+    assert kept_mass < 0.95  # truncation really removed mass here
+    assert r["truncated"].exp().mean().item() == pytest.approx(1.0, abs=5e-3)
+    assert r["full"].exp().mean().item() == pytest.approx(kept_mass, abs=5e-3)
+    assert torch.isfinite(r["truncated"]).all()  # every sampled token is inside the trainer's kept set

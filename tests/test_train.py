@@ -8,6 +8,8 @@ import sys
 import pytest
 import torch
 
+import data
+import runfolder
 import train
 from conftest import ROOT
 
@@ -39,8 +41,17 @@ def final_state(output_dir):
 
 def test_end_to_end_and_exact_resume(tmp_path, tiny_model_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run_train(straight, "--max-steps", "4", "--save-every", "2")
+    out = run_train(straight, "--max-steps", "4", "--save-every", "2", "--log-samples-every", "2")
     rows = read_metrics(straight)
+    # what a researcher sees and keeps: the resolved flags, sample completions, curves, a summary at the end
+    config = json.loads((straight / "config.json").read_text())
+    assert config["preset"] == "tiny" and config["flags"]["algo"] == "ce_gppo" and config["flags"]["max_steps"] == 4
+    assert config["versions"]["torch"] == torch.__version__ and "git_commit" in config
+    samples = [json.loads(line) for line in (straight / "samples.jsonl").read_text().splitlines()]
+    assert sorted({s["step"] for s in samples}) == [2, 4] and len(samples) == 2 * 2 * 4  # 2 prompts x n=4, twice
+    assert all(s["reward"] in (1.0, -1.0) and isinstance(s["completion"], str) and "advantage" in s for s in samples)
+    assert (straight / "curves.png").stat().st_size > 10_000
+    assert "done: 4 steps" in out.stdout and "[step 2 sample]" in out.stdout
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for r in rows:
         assert all(k in r for k in FIELDS), set(FIELDS) - set(r)
@@ -69,12 +80,10 @@ def test_end_to_end_and_exact_resume(tmp_path, tiny_model_path):
         assert a["reward_mean"] == b["reward_mean"] and a["entropy"] == pytest.approx(b["entropy"], rel=1e-5)
 
 
-def test_refuses_to_overwrite_a_run_and_to_resume_nothing(tmp_path):
+def test_refuses_to_overwrite_a_run(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     with pytest.raises(SystemExit, match="pass --resume"):
         train.main(train.parse_args(SMALL + ["--output-dir", str(tmp_path)]))
-    with pytest.raises(SystemExit, match="no checkpoint"):
-        train.main(train.parse_args(SMALL + ["--output-dir", str(tmp_path / "empty"), "--resume"]))
 
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, tiny_model_path):
@@ -108,10 +117,9 @@ def test_help_lists_every_flag_with_its_doc(capsys):
 
 def test_presets_and_overrides():
     args = train.parse_args(["--preset", "r1-distill-7b", "--beta2", "0.9"])
-    assert (args.model, args.beta1, args.beta2) == ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 0.75, 0.9)
-    assert (args.positive_lm_coef, args.clip_ratio_c, args.lr, args.gen_prompts, args.train_prompts) == (0.1, 10.0, 1e-6, 256, 128)
-    assert train.parse_args(["--preset", "r1-distill-1.5b"]).beta1 == 0.5
-    assert train.parse_args(["--eps-low", "none"]).eps_low is None
+    assert (args.model, args.loss.beta1, args.loss.beta2) == ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 0.75, 0.9)
+    assert (args.loss.positive_lm_coef, args.loss.clip_ratio_c, args.lr, args.gen_prompts, args.train_prompts) == (0.1, 10.0, 1e-6, 256, 128)
+    assert train.parse_args(["--preset", "r1-distill-1.5b"]).loss.beta1 == 0.5
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -164,44 +172,45 @@ def test_loaders_read_each_format(tmp_path, suffix, kind):
     rows = KLEAR_ROWS if kind == "klear" else [{**PLAIN_ROWS[0]}, {**PLAIN_ROWS[1], "answer": "6"}]
     path = tmp_path / f"train{suffix}"
     write_rows(path, rows)
-    assert train.load_rows(str(path)) == WANT[kind]
+    assert [{k: r[k] for k in ("prompt", "answer")} for r in data.load_rows(str(path))] == WANT[kind]
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
 def test_loader_names_the_bad_row(tmp_path, suffix):
     path = tmp_path / f"bad{suffix}"
     write_rows(path, [PLAIN_ROWS[0], {"problem": "What is 1 + 1?", "answer": ""}, PLAIN_ROWS[0]])
-    with pytest.raises(ValueError, match=rf"{path.name}: row 1 has no answer"):
-        train.load_rows(str(path))
+    where = "line 2" if suffix == ".jsonl" else "row 1"  # jsonl errors name the line
+    with pytest.raises(SystemExit, match=rf"{path.name}: {where} has no answer"):
+        data.load_rows(str(path))
     write_rows(path, [{"problem": " ", "answer": "1"}])
-    with pytest.raises(ValueError, match=rf"{path.name}: row 0 has no question"):
-        train.load_rows(str(path))
+    with pytest.raises(SystemExit, match=rf"{path.name}: {'line 1' if suffix == '.jsonl' else 'row 0'} has no question"):
+        data.load_rows(str(path))
 
 
 def test_loader_rejects_unknown_file_types(tmp_path):
     path = tmp_path / "train.csv"
     path.write_text("problem,answer\n1+1,2\n")
-    with pytest.raises(ValueError, match="unsupported file type '.csv'"):
-        train.load_rows(str(path))
+    with pytest.raises(SystemExit, match="unsupported file type '.csv'"):
+        data.load_rows(str(path))
 
 
 def test_prompt_stream_resumes_exactly():
     rows = list(range(10))
-    a = train.PromptStream(rows, seed=3)
+    a = data.PromptStream(rows, seed=3)
     first = a.next_batch(7)
-    b = train.PromptStream(rows, seed=3)
+    b = data.PromptStream(rows, seed=3)
     b.restore(a.state())
     assert a.next_batch(9) == b.next_batch(9)  # crosses an epoch boundary
-    epoch = train.PromptStream(rows, seed=3).next_batch(10)
+    epoch = data.PromptStream(rows, seed=3).next_batch(10)
     assert epoch[:7] == first and sorted(epoch) == rows  # one epoch is a permutation
-    assert train.PromptStream(rows, seed=4).next_batch(10) != epoch
+    assert data.PromptStream(rows, seed=4).next_batch(10) != epoch
 
 
 def test_half_written_checkpoints_are_never_resumed_from(tmp_path):
     root = tmp_path / "checkpoints"
     for name in ("step_000002", "step_000009.tmp", "step_000003.old"):
         (root / name).mkdir(parents=True)
-    assert train.checkpoint_dirs(str(tmp_path)) == [str(root / "step_000002")]
+    assert runfolder.checkpoint_dirs(str(tmp_path)) == [str(root / "step_000002")]
 
 
 def test_a_failed_write_leaves_the_previous_folder_intact(tmp_path):
@@ -215,14 +224,14 @@ def test_a_failed_write_leaves_the_previous_folder_intact(tmp_path):
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        train.write_folder_atomically(str(path), crash_midway)
+        runfolder.write_folder_atomically(str(path), crash_midway)
     assert (path / "weights").read_text() == "old"
 
     def complete(folder):
         os.makedirs(folder)
         (tmp_path / "final.tmp" / "weights").write_text("new")
 
-    train.write_folder_atomically(str(path), complete)
+    runfolder.write_folder_atomically(str(path), complete)
     assert (path / "weights").read_text() == "new"
     assert sorted(os.listdir(tmp_path)) == ["final"]
 
@@ -241,9 +250,9 @@ def test_update_skips_zero_advantage_sequences_and_keeps_the_step(tiny_model_pat
     calls = []
     real = train.response_logprobs
 
-    def counting(model, mb, *rest):
+    def counting(policy, mb, *rest, **kw):
         calls.append(int((mb["response_mask"].sum(-1) > 0).sum()))
-        return real(model, mb, *rest)
+        return real(policy, mb, *rest, **kw)
 
     def fresh():
         model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
@@ -252,7 +261,7 @@ def test_update_skips_zero_advantage_sequences_and_keeps_the_step(tiny_model_pat
     model, sgd = fresh()
     train.response_logprobs = counting
     try:
-        metrics = train.update_policy(args, model, sgd, [seqs], 0, torch.device("cpu"), 0, None, {"od_state": 0})
+        metrics = train.update_policy(train.make_policy(args, model, sgd, 0, torch.device("cpu")), [seqs], args.loss)
     finally:
         train.response_logprobs = real
     assert sum(calls) == 7  # the 5 zero-advantage sequences were not run, and no separate old-log-prob pass
@@ -260,8 +269,8 @@ def test_update_skips_zero_advantage_sequences_and_keeps_the_step(tiny_model_pat
 
     reference, sgd = fresh()
     mb = train.collate(seqs, 0, torch.device("cpu"))
-    logp, _ = real(reference, mb, 1.0, "fp32", False)
-    loss, _ = train.L.policy_loss(logp, logp.detach(), mb["advantages"], mb["response_mask"], algo="ce_gppo", clip_ratio_c=10.0)
+    logp, _, _ = real(train.make_policy(args, reference, sgd, 0, torch.device("cpu")), mb, grad=True)
+    loss, _ = train.L.policy_loss(logp, logp.detach(), mb["advantages"], mb["response_mask"], train.L.loss_config("ce_gppo", clip_ratio_c=10.0))
     loss.backward()
     sgd.step()
     start = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).state_dict()
@@ -269,3 +278,66 @@ def test_update_skips_zero_advantage_sequences_and_keeps_the_step(tiny_model_pat
     assert max((want[k] - start[k]).abs().max().item() for k in start) > 1e-3
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-6)
+
+
+# --- every loss through update_policy -------------------------------------------------------------
+
+def fixed_groups(seed=0, groups=4, n=4):
+    import random
+    rng = random.Random(seed)
+    return [{"prompt_ids": [rng.randrange(5, 270) for _ in range(rng.randint(3, 6))],
+             "response_ids": [rng.randrange(5, 270) for _ in range(rng.randint(2, 9))],
+             "advantage": rng.choice([-1.3, -0.4, 0.6, 1.1]), "correct": rng.random() < 0.5}
+            for _ in range(groups * n)]
+
+
+@pytest.mark.parametrize("variant", sorted(train.L.ALGORITHMS) + ["ce_gppo+entropy", "ce_gppo+lm"])
+def test_every_loss_through_update_policy_matches_a_one_piece_computation(variant, tiny_model_path):
+    """Two mini-batches split into micro-batches of 2 (update_policy) give, with SGD, the parameters of one
+    policy_loss call per mini-batch on the whole of it, old log-probs from the weights that sampled."""
+    from transformers import AutoModelForCausalLM
+    algo, _, extra = variant.partition("+")
+    flags = {"entropy": ["--entropy-coef", "0.01"], "lm": ["--positive-lm-coef", "0.1"]}.get(extra, [])
+    args = train.parse_args(["--algo", algo, "--n", "4", "--gen-prompts", "4", "--train-prompts", "4",
+                             "--mini-batch-prompts", "2", "--micro-batch-size", "2", "--grad-clip", "1e9", *flags])
+    seqs = fixed_groups()
+    mini_batches = [seqs[:8], seqs[8:]]
+    cpu = torch.device("cpu")
+
+    def fresh():
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        return model, torch.optim.SGD(model.parameters(), lr=0.5)
+
+    model, sgd = fresh()
+    train.update_policy(train.make_policy(args, model, sgd, 0, cpu), mini_batches, args.loss)
+
+    reference, sgd = fresh()
+    start, _ = fresh()
+    for mini in mini_batches:
+        mb = train.collate(mini, 0, cpu)
+        old, _, _ = train.response_logprobs(train.make_policy(args, start, sgd, 0, cpu), mb)  # the sampling weights
+        logp, entropy, _ = train.response_logprobs(train.make_policy(args, reference, sgd, 0, cpu), mb, grad=True)
+        loss, _ = train.L.policy_loss(logp, old, mb["advantages"], mb["response_mask"], args.loss, entropy=entropy,
+                                      correct=mb["correct"])
+        loss.backward()
+        sgd.step()
+        sgd.zero_grad()
+    got, want, before = model.state_dict(), reference.state_dict(), start.state_dict()
+    if algo != "gspo":  # GSPO's 3e-4 range clips every sequence after the first step: it may not move
+        assert max((want[k] - before[k]).abs().max().item() for k in want) > 1e-4
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-6)
+
+
+def test_eval_acc_is_what_evaluate_py_reports(tmp_path, tiny_model_path):
+    """train.py's eval_acc: the problems, k, sampling and scoring of `evaluate.py --benchmarks arith` (same seed)."""
+    run_train(tmp_path, "--max-steps", "1", "--eval-every", "1", "--sampler", "hf")
+    row = read_metrics(tmp_path)[0]
+    out = tmp_path / "eval.json"
+    done = subprocess.run([sys.executable, "evaluate.py", "--model", str(tmp_path / "final"), "--benchmarks", "arith",
+                           "--sampler", "hf", "--seed", str(row["eval_seed"]), "--output", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())["benchmarks"]["arith"]
+    assert result["k"] == 8 and len(result["problems"]) == len(data.load_benchmark("arith"))
+    assert row["eval_acc"] == pytest.approx(result["avg@k"], abs=1e-12)

@@ -1,0 +1,108 @@
+"""Distributed plumbing for train.py under torchrun: ranks, sharding, gathering. Without torchrun (WORLD_SIZE
+unset) every function here is the identity or a no-op, and train.py runs as one process.
+
+The one layout rule: of a global batch of n items, rank r owns items r, r + world, r + 2 world, ... (my_share);
+gather() puts per-item results back in global order on every rank. FSDP2 shards parameters, gradients and
+optimizer state (shard_model); each rank's loss is its share of the global token mean, so gradients are summed,
+not averaged.
+"""
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def init() -> tuple[int, int, torch.device]:
+    """-> (rank, world size, device). torchrun sets WORLD_SIZE, RANK and LOCAL_RANK."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return dist.get_rank(), world, device
+
+
+def world_size() -> int:
+    """Processes in torch.distributed's default group (1 without torchrun)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if world_size() > 1 else 0
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def barrier():
+    if world_size() > 1:
+        dist.barrier()
+
+
+def shutdown():
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce(values, device, op="sum") -> list[float]:
+    """Sum (or max/min) a list of numbers over the ranks."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if world_size() > 1:
+        dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
+    return t.tolist()
+
+
+def my_share(n: int) -> list[int]:
+    """The global indices of the n items this rank works on: rank, rank + world, ..."""
+    return list(range(rank(), n, world_size()))
+
+
+def gather(local: torch.Tensor, device) -> torch.Tensor:
+    """Per-item tensors [n / world, ...] for my_share(n) on each rank -> [n, ...] in global order, on every rank."""
+    if world_size() == 1:
+        return local
+    parts = [torch.empty_like(local, device=device) for _ in range(world_size())]
+    dist.all_gather(parts, local.to(device))
+    return torch.stack(parts, dim=1).flatten(0, 1).cpu()  # item i came from rank i % world, position i // world
+
+
+def rank_seed(seed: int) -> int:
+    """A seed of this rank's own, from one shared by all ranks (sampling differs per rank, reproducibly)."""
+    return seed * world_size() + rank()
+
+
+def shard_model(model, precision):
+    """FSDP2: each decoder layer is one unit (gathered for its forward/backward, then freed), the root holds the
+    embeddings and LM head. Gradients are summed, not averaged, over ranks: each rank's loss is already its share
+    of the global token mean."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None, reduce_dtype=torch.float32)
+    layer_classes = set(getattr(model, "_no_split_modules", None) or [])
+    for module in model.modules():
+        if type(module).__name__ in layer_classes:
+            fully_shard(module, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no pre-multiplied sum)
+    return model
+
+
+def full_named_parameters(model):
+    """(name, full tensor) pairs for the weight sync; FSDP2 shards are all-gathered one parameter at a time."""
+    from torch.distributed.tensor import DTensor
+    for name, p in model.named_parameters():
+        yield name, (p.full_tensor() if isinstance(p, DTensor) else p)
+
+
+def full_tensor(t):
+    """A DTensor gathered whole (e.g. clip_grad_norm_'s result under FSDP2); a plain tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t

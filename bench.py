@@ -8,8 +8,10 @@
 
 Sections so far:
   loss      policy_loss(algo="ce_gppo") forward+backward against a bare PPO-clip on [64, 4096] (target <= 1.2x)
-  logprobs  token_logprobs_and_entropy against a naive fp32 log_softmax at vocabulary 151,936 and 4,096
-            tokens: peak extra memory (target <= 10% of naive) and time (target <= 1.2x)
+  logprobs  the 1.5B preset's LM head (hidden 1,536, vocabulary 151,936) over 4,096 tokens in bf16, forward+backward,
+            each in a fresh process: full logits + naive fp32 log_softmax, full logits + logprobs' chunked kernel, and
+            logprobs' fused kernel (no full logits): peak extra memory (target fused <= 5% of chunked) and time (target
+            <= 1.2x); about 18 min on 2 (shared) CPU cores
   reward    reward.RewardPool with 2 workers (default deadline): pairs/s on ordinary answers (integers, target
             >= 2,500; and the benchmark gold answers, LaTeX included), and the wall time of 400 ordinary plus 4
             hang-prone pairs (target about ceil(4 / 2) x deadline)
@@ -91,67 +93,142 @@ def bench_loss(batch=64, length=4096, repeats=20):
 
 
 # --- log-probs --------------------------------------------------------------------------------
+# The LM head of the 1.5B preset over 4,096 response tokens, forward + backward (gradients w.r.t. hidden states and
+# weight), bf16 hidden states and bf16 weight (bf16 parameters, as under FSDP's bf16 mixed precision; the gradients come
+# back in bf16), each path in a fresh process:
+#   naive    full logits (hidden @ W.T in bf16) + log_softmax in fp32, gather, entropy
+#   chunked  full logits + logprobs.token_logprobs_and_entropy (one fp32 chunk of tokens at a time)
+#   fused    logprobs.hidden_logprobs_and_entropy (one [tokens x vocab block] fp32 tile at a time, no full logits)
+# Peak extra memory = peak RSS during forward (+ backward) minus the RSS once the inputs exist; it includes the
+# gradients every path must return (grad_hidden and grad_W, `grads_bytes`), and is reported with and without them.
+# The backward is of logp.sum() (the entropy unused, as in train.py's loss today).
 
-def _peak_probe(which, vocab, tokens, chunk_elements, repeats):
-    """Runs in a fresh process: peak extra RSS of forward (+ backward) and the median time of forward+backward."""
-    torch.manual_seed(0)
-    logits = torch.randn(1, tokens + 1, vocab, dtype=torch.bfloat16)[:, :-1].requires_grad_(True)
-    targets = torch.randint(0, vocab, (1, tokens))
 
-    def forward():
+class _HeadLinear(torch.autograd.Function):
+    """logits = hidden @ weight.T in bf16, holding what torch's bf16 linear holds (the bf16 logits; hidden and weight
+    saved by reference), with its GEMMs run by logprobs' rule over vocab blocks: on a CPU without bf16 GEMM units (this
+    AVX2 EPYC) that is an fp32 GEMM of the bf16 operands, as in the fused kernel, since torch's bf16 GEMM there runs at
+    0.3-4 GFLOP/s and would make this section take hours. The block temporaries are ~16 MiB."""
+
+    BLOCK = 1024
+
+    @staticmethod
+    def forward(ctx, hidden, weight):
+        import logprobs
+        ctx.save_for_backward(hidden, weight)
+        gemm = logprobs._gemm_dtype(hidden.dtype, hidden.device)
+        h = hidden.to(gemm)
+        logits = torch.empty(*hidden.shape[:-1], weight.shape[0], dtype=hidden.dtype)
+        for v0 in range(0, weight.shape[0], _HeadLinear.BLOCK):
+            logits[..., v0:v0 + _HeadLinear.BLOCK] = h @ weight[v0:v0 + _HeadLinear.BLOCK].to(gemm).T
+        return logits
+
+    @staticmethod
+    def backward(ctx, grad):
+        import logprobs
+        hidden, weight = ctx.saved_tensors
+        gemm = logprobs._gemm_dtype(hidden.dtype, hidden.device)
+        h, grad = hidden.reshape(-1, hidden.shape[-1]).to(gemm), grad.reshape(-1, weight.shape[0])
+        grad_h = torch.zeros(h.shape, dtype=torch.float32)
+        grad_w = torch.empty_like(weight)
+        for v0 in range(0, weight.shape[0], _HeadLinear.BLOCK):
+            g = grad[:, v0:v0 + _HeadLinear.BLOCK].to(gemm)
+            grad_h += g @ weight[v0:v0 + _HeadLinear.BLOCK].to(gemm)
+            grad_w[v0:v0 + _HeadLinear.BLOCK] = g.T @ h
+        return grad_h.to(hidden.dtype).view_as(hidden), grad_w
+
+
+def _peak_probe(which, vocab, tokens, chunk_elements, repeats, hidden=0):
+    """Runs in a fresh process: peak extra RSS of forward (+ backward) and the median time of forward+backward over the
+    measured run and `repeats` more. hidden=0: from bf16 logits [1, tokens, vocab] (naive | chunked); else from bf16
+    hidden states [1, tokens, hidden] and a bf16 head [vocab, hidden] (naive | chunked | fused)."""
+    import logprobs
+    chunk = {} if chunk_elements is None else {"chunk_elements": chunk_elements}
+
+    def inputs(tokens, vocab):
+        torch.manual_seed(0)
+        targets = torch.randint(0, vocab, (1, tokens))
+        if hidden:
+            h = torch.randn(1, tokens, hidden).bfloat16().requires_grad_(True)
+            w = (torch.randn(vocab, hidden) * (4 / hidden ** 0.5)).bfloat16().requires_grad_(True)  # logits ~ N(0, 16)
+            return targets, [h, w]
+        return targets, [torch.randn(1, tokens + 1, vocab, dtype=torch.bfloat16)[:, :-1].requires_grad_(True)]
+
+    def forward(targets, leaves):
+        if which == "fused":
+            return logprobs.hidden_logprobs_and_entropy(*leaves, targets, **chunk)
+        logits = _HeadLinear.apply(*leaves) if hidden else leaves[0]
         if which == "naive":
             logsm = torch.log_softmax(logits.float(), dim=-1)
             logp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-            entropy = -(logsm.exp() * logsm).sum(-1).detach()
-            return logp, entropy
-        return L.token_logprobs_and_entropy(logits, targets, chunk_elements=chunk_elements)
+            return logp, -(logsm.exp() * logsm).sum(-1).detach()
+        return logprobs.token_logprobs_and_entropy(logits, targets, **chunk)
 
     def hwm_bytes():
         return 1024 * int(re.search(r"VmHWM:\s+(\d+)", open("/proc/self/status").read()).group(1))
 
+    forward(*inputs(4, 64))[0].sum().backward()  # first calls page in code and GEMM buffers: not the path's memory
+    targets, leaves = inputs(tokens, vocab)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak to the current RSS
     base = hwm_bytes()
-    logp, _ = forward()
+    start = time.perf_counter()
+    logp, _ = forward(targets, leaves)
     forward_peak = hwm_bytes() - base
     logp.sum().backward()
+    times = [time.perf_counter() - start]
     total_peak = hwm_bytes() - base
+    grads_bytes = sum(x.grad.numel() * x.grad.element_size() for x in leaves)
     del logp
 
-    def step():
-        logits.grad = None
-        forward()[0].sum().backward()
+    for _ in range(repeats):
+        for x in leaves:
+            x.grad = None
+        start = time.perf_counter()
+        forward(targets, leaves)[0].sum().backward()
+        times.append(time.perf_counter() - start)
+    return {"forward_peak_bytes": forward_peak, "total_peak_bytes": total_peak, "grads_bytes": grads_bytes,
+            "logits_bytes": tokens * vocab * 2, "seconds": statistics.median(times), "runs_s": times}
 
-    seconds = median_seconds(step, repeats, warmup=1)[0] if repeats else None
-    return {"forward_peak_bytes": forward_peak, "total_peak_bytes": total_peak, "logits_bytes": logits.numel() * 2, "seconds": seconds}
 
-
-def logprob_peak(which, vocab=151936, tokens=4096, chunk_elements=2**25, repeats=3):
+def logprob_peak(which, vocab=151936, tokens=4096, chunk_elements=None, repeats=3, hidden=0):
     """_peak_probe in a fresh process, with a fixed glibc mmap threshold so that freed buffers go back to
-    the OS at once and the peak counts what the code allocates, not what the allocator caches."""
-    code = f"import bench, json; print(json.dumps(bench._peak_probe({which!r}, {vocab}, {tokens}, {chunk_elements}, {repeats})))"
+    the OS at once and the peak counts what the code allocates, not what the allocator caches.
+    chunk_elements None: the kernel's default."""
+    code = (f"import bench, json; print(json.dumps(bench._peak_probe({which!r}, {vocab}, {tokens}, {chunk_elements}, "
+            f"{repeats}, {hidden})))")
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     out = subprocess.run([sys.executable, "-c", code], cwd=HERE, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def bench_logprobs(vocab=151936, tokens=4096, repeats=3):
-    naive = logprob_peak("naive", vocab, tokens, repeats=repeats)
-    ours = logprob_peak("chunked", vocab, tokens, repeats=repeats)
-    return {
-        "vocab": vocab,
-        "tokens": tokens,
-        "naive_forward_peak_mib": naive["forward_peak_bytes"] / 2**20,
-        "chunked_forward_peak_mib": ours["forward_peak_bytes"] / 2**20,
-        "memory_ratio": ours["forward_peak_bytes"] / naive["forward_peak_bytes"],
-        "naive_fwd_bwd_peak_mib": naive["total_peak_bytes"] / 2**20,
-        "chunked_fwd_bwd_peak_mib": ours["total_peak_bytes"] / 2**20,
-        "logits_mib": naive["logits_bytes"] / 2**20,
-        "naive_fwd_bwd_s": naive["seconds"],
-        "chunked_fwd_bwd_s": ours["seconds"],
-        "time_ratio": ours["seconds"] / naive["seconds"],
-        "target": "memory <= 0.10, time <= 1.2",
-    }
+def bench_logprobs(vocab=151936, hidden=1536, tokens=4096, repeats=1):
+    """The three paths at the 1.5B head's shape (repeats: timed runs beyond the measured one), and the arithmetic of
+    what the chunked and the fused path hold for one 16,384-token sequence."""
+    import logprobs
+    start = time.perf_counter()
+    runs = {name: logprob_peak(name, vocab, tokens, repeats=repeats, hidden=hidden) for name in ("naive", "chunked", "fused")}
+    mib, gib = 2**20, 2**30
+    out = {"shape": f"hidden {hidden}, vocab {vocab}, {tokens} tokens; bf16 hidden states and weight, bf16 gradients",
+           "grads_mib": runs["fused"]["grads_bytes"] / mib, "logits_mib": runs["fused"]["logits_bytes"] / mib}
+    for name, r in runs.items():
+        out[f"{name}_fwd_peak_mib"] = r["forward_peak_bytes"] / mib
+        out[f"{name}_fwd_bwd_peak_mib"] = r["total_peak_bytes"] / mib
+        out[f"{name}_fwd_bwd_peak_excl_grads_mib"] = (r["total_peak_bytes"] - r["grads_bytes"]) / mib
+        out[f"{name}_fwd_bwd_s"] = r["seconds"]
+    fused, chunked = runs["fused"], runs["chunked"]
+    out["memory_ratio"] = (fused["total_peak_bytes"] - fused["grads_bytes"]) / (chunked["total_peak_bytes"] - chunked["grads_bytes"])
+    out["memory_ratio_incl_grads"] = fused["total_peak_bytes"] / chunked["total_peak_bytes"]
+    out["time_ratio"] = fused["seconds"] / chunked["seconds"]
+    out["target"] = "memory_ratio (fused / chunked, beyond the returned gradients) <= 0.05, time_ratio <= 1.2"
+    # one 16,384-token sequence: chunked holds the bf16 logits and their bf16 gradient, plus two fp32 chunk buffers;
+    # fused holds two fp32 tiles, the fp32 [tokens, hidden] operand and accumulator, and two [vocab block, hidden] ones
+    seq = 16384
+    rows, block = logprobs._tile(seq, vocab, logprobs.DEFAULT_TILE["cpu"], False)
+    out["seq16k_chunked_gib"] = (2 * seq * vocab * 2 + 2 * 2**25 * 4) / gib
+    out["seq16k_fused_mib"] = (2 * rows * block * 4 + 2 * seq * hidden * 4 + 2 * block * hidden * 4) / mib
+    out["section_s"] = time.perf_counter() - start
+    return out
 
 
 # --- reward -----------------------------------------------------------------------------------
@@ -163,11 +240,11 @@ HANG = r"The answer is \boxed{\dfrac{5^{\left(5^{\left(5^{\left(5^5\right)}\righ
 
 def benchmark_golds():
     """Gold answers of the five benchmarks in ../shared/benchmarks (empty if the folder is absent)."""
-    import evaluate
+    import data
     if not os.path.isdir(BENCHMARKS):
         return []
     return [p["answer"] for name in ("aime24", "aime25", "hmmt25", "math500", "amc23")
-            for p in evaluate.load_benchmark(name, data_dir=BENCHMARKS)]
+            for p in data.load_benchmark(name, data_dir=BENCHMARKS)]
 
 
 def ordinary_pairs(golds, per_gold, seed=0):
@@ -368,13 +445,13 @@ def _trl_worker(spec):
     import transformers
     import trl
 
+    import data
     import reward
     import tiny
-    import train
 
     path = tiny.ensure_tiny_model(log=lambda *a: None) if spec["model"] == "tiny" else spec["model"]
     # exactly the problems train.py draws, in its order: step k sees the same prompts on both sides
-    stream = train.PromptStream(train.load_rows("arith", seed=0), seed=0)
+    stream = data.PromptStream(data.load_rows("arith", seed=0), seed=0)
     rows = stream.next_batch(spec["prompts"] * spec["steps"])
     dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
     phases = {"sample_s": 0.0, "score_s": 0.0, "rollout_s": 0.0}

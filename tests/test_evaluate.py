@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import data
 import evaluate as E
 from conftest import ROOT
 
@@ -30,7 +31,8 @@ def test_pass_at_k_equals_brute_force_over_subsets(n):
 def test_benchmark_metrics_avg_pass_and_majority():
     correct = [[True, False, False, False], [True, True, True, False], [False] * 4]
     votes = [["3", "5", "5", None], ["7", "7", "7", "8"], [None] * 4]
-    m = E.benchmark_metrics(correct, votes)
+    verdicts = [{"3": True, "5": False}, {"7": True, "8": False}, {}]  # each string judged on its own
+    m = E.benchmark_metrics(correct, votes, verdicts)
     assert m["avg@k"] == pytest.approx((0.25 + 0.75 + 0) / 3)
     assert m["pass@1"] == pytest.approx(m["avg@k"])
     assert m["pass@4"] == pytest.approx(2 / 3)
@@ -39,10 +41,10 @@ def test_benchmark_metrics_avg_pass_and_majority():
 
 
 def test_majority_vote_ties():
-    assert E.majority_correct(["1", "2", "1", "2"], [True, False, True, False]) == 0.5  # two-way tie, one right
-    assert E.majority_correct(["1", "2", "3"], [False, False, True]) == pytest.approx(1 / 3)
-    assert E.majority_correct(["4", None, None, None], [True, False, False, False]) == 1.0  # non-votes don't count
-    assert E.majority_correct([None, None], [False, False]) == 0.0
+    assert E.majority_correct(["1", "2", "1", "2"], {"1": True, "2": False}) == 0.5  # two-way tie, one right
+    assert E.majority_correct(["1", "2", "3"], {"1": False, "2": False, "3": True}) == pytest.approx(1 / 3)
+    assert E.majority_correct(["4", None, None, None], {"4": True}) == 1.0  # non-votes don't count
+    assert E.majority_correct([None, None], {}) == 0.0
 
 
 def test_vote_key_falls_back_to_the_last_number_as_math_verify_does():
@@ -63,22 +65,22 @@ def test_last_boxed():
 @pytest.mark.parametrize("name, count", [("aime24", 30), ("aime25", 30), ("hmmt25", 30), ("math500", 500), ("amc23", 40)])
 def test_loaders_read_the_shared_benchmark_files(name, count):
     import reward
-    problems = E.load_benchmark(name, data_dir=SHARED)
+    problems = data.load_benchmark(name, data_dir=SHARED)
     assert len(problems) == count
-    assert all(p["question"].strip() and str(p["answer"]).strip() for p in problems)
+    assert all(data.question_of(p).strip() and str(p["answer"]).strip() for p in problems)
     answers = [p["answer"] for p in problems]
     scores = reward.score_batch([f"The answer is \\boxed{{{reward.normalize_answer(a)}}}." for a in answers], answers)
     assert scores == [reward.CORRECT_REWARD] * count
 
 
 def test_loader_errors_name_the_problem(tmp_path):
-    with pytest.raises(ValueError, match="unknown benchmark 'aime26'"):
-        E.load_benchmark("aime26")
-    with pytest.raises(FileNotFoundError, match="math500.jsonl not found"):
-        E.load_benchmark("math500", data_dir=str(tmp_path))
+    with pytest.raises(SystemExit, match="unknown benchmark 'aime26'"):
+        data.load_benchmark("aime26")
+    with pytest.raises(SystemExit, match="math500.jsonl not found"):
+        data.load_benchmark("math500", data_dir=str(tmp_path))
     (tmp_path / "math500.jsonl").write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n" + json.dumps({"problem": "2+2?"}) + "\n")
-    with pytest.raises(ValueError, match=r"math500.jsonl: row 1 lacks"):
-        E.load_benchmark("math500", data_dir=str(tmp_path))
+    with pytest.raises(SystemExit, match=r"math500.jsonl: line 2 lacks"):
+        data.load_benchmark("math500", data_dir=str(tmp_path))
 
 
 def test_end_to_end_on_the_tiny_model(tmp_path, tiny_model_path):
@@ -100,3 +102,58 @@ def test_end_to_end_on_the_tiny_model(tmp_path, tiny_model_path):
     import reward  # the stored verdicts are reward.py's verdicts on the stored responses
     first = arith["problems"][0]
     assert [s == reward.CORRECT_REWARD for s in reward.score_batch(first["responses"], [first["answer"]] * 4)] == first["correct"]
+
+
+def test_majority_verdict_depends_on_the_string_not_on_sample_order():
+    """Samples voting '5' may have mixed verdicts (math-verify reads the whole response); the vote's verdict is the
+    string's own: \\boxed{5} against the gold."""
+    verdicts = E.vote_verdicts([["5", "5", "7"]], [5])
+    assert verdicts == [{"5": True, "7": False}]
+    for correct in ([True, False, False], [False, True, False]):
+        assert E.benchmark_metrics([correct], [["5", "5", "7"]], verdicts)["maj@k"] == 1.0
+
+
+def long_prompt_file(tmp_path):
+    rows = [{"problem": "Compute 2 + 3 + 4.", "answer": 9, "id": "short"},
+            {"problem": "Compute " + " + ".join(["1"] * 300) + ".", "answer": 300, "id": "long"}]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.mark.parametrize("sampler", ["hf", "vllm"])
+def test_a_file_benchmark_with_a_prompt_too_long_for_the_model(tmp_path, tiny_model_path, sampler):
+    if sampler == "vllm":
+        from conftest import vllm_or_skip
+        vllm_or_skip()
+    path, out = long_prompt_file(tmp_path), tmp_path / "r.json"
+    base = [sys.executable, "evaluate.py", "--model", "tiny", "--benchmarks", f"arith,{path}", "--k", "2",
+            "--max-tokens", "24", "--limit", "3", "--sampler", sampler, "--output", str(out)]
+    refused = subprocess.run(base, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert f"{path}: problem long has a " in refused.stderr and "--skip-long" in refused.stderr
+    assert not out.exists()  # found before anything was sampled
+    done = subprocess.run(base + ["--skip-long"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())["benchmarks"]
+    assert results[path]["skipped_ids"] == ["long"] and [p["id"] for p in results[path]["problems"]] == ["short"]
+    assert len(results["arith"]["problems"]) == 3 and results["arith"]["skipped"] == 0
+    assert "k=2, 1 problems, --limit 3, 1 skipped" in done.stdout  # our rows say what they are
+
+
+def test_finished_benchmarks_survive_a_later_failure(tmp_path, monkeypatch, tiny_model_path):
+    real, calls = E.evaluate, []
+
+    def second_fails(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("the sampler died")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(E, "evaluate", second_fails)
+    out = tmp_path / "r.json"
+    with pytest.raises(RuntimeError, match="the sampler died"):
+        E.main(["--model", "tiny", "--benchmarks", f"arith,{long_prompt_file(tmp_path)}", "--k", "2", "--limit", "4",
+                "--max-tokens", "24", "--sampler", "hf", "--skip-long", "--output", str(out)])
+    saved = json.loads(out.read_text())["benchmarks"]
+    assert list(saved) == ["arith"] and len(saved["arith"]["problems"]) == 4

@@ -1,11 +1,15 @@
-"""Curves from one or more runs' metrics.jsonl, seeds shaded as mean +- spread, and a table of final held-out accuracy.
+"""Curves of one or more runs (train.py output folders), and a table of their results.
 
-    python plot.py --runs grpo=runs/study/grpo-s0,runs/study/grpo-s1 ce_gppo=runs/study/ce_gppo_0.5_1-s0 --out docs/figures
+    python plot.py runs/tiny                                   # -> runs/tiny/plots/curves.png, summary.md/.json
+    python plot.py runs/grpo runs/ce_gppo --out figures/       # several runs, side by side
+    python plot.py grpo=runs/grpo-s0,runs/grpo-s1 ce=runs/ce-s0,runs/ce-s1   # seeds of one configuration: mean, min-max
 
-Each run is a train.py output folder. Curves: entropy, reward, the four clip-region fractions and response length
-against step (smoothed over a few steps; shading is the min-max over seeds). The table (markdown, also as JSON)
-holds each configuration's last held-out `eval_acc` (avg@4, tiny task) as mean +- std over seeds, and the mean
-entropy and reward of the last 10 steps.
+Curves (smoothed over a few steps; with several seeds the line is their mean and the shading their min-max): token
+entropy, training reward, held-out accuracy, the four clip-region fractions, response length, approx KL, grad norm.
+A panel is drawn only if some run logged its metric. The table gives, per configuration, the last held-out
+`eval_acc` and the mean reward and entropy of the first and last 10 steps (mean ± std over seeds). Output goes to
+--out, by default a `plots/` folder beside the first run (never the project's docs/ unless asked).
+train.py calls draw_run() and run_summary() at the end of every run.
 """
 
 import argparse
@@ -14,13 +18,16 @@ import math
 import os
 
 PANELS = [
-    ("entropy", "token entropy"),
+    ("entropy", "token entropy (nats)"),
     ("reward_mean", "training reward"),
-    ("clip_frac_low_neg", "clip fraction: d < 1-eps, A < 0 (beta1 region)"),
-    ("clip_frac_high_pos", "clip fraction: d > 1+eps, A > 0 (beta2 region)"),
-    ("clip_frac_low_pos", "clip fraction: d < 1-eps, A > 0"),
-    ("clip_frac_high_neg", "clip fraction: d > 1+eps, A < 0"),
-    ("response_length_mean", "response length"),
+    ("eval_acc", "held-out accuracy (avg@k)"),
+    ("clip_frac_low_neg", "beta1 region: d < 1-eps, A < 0 (fraction of tokens)"),
+    ("clip_frac_high_pos", "beta2 region: d > 1+eps, A > 0"),
+    ("clip_frac_low_pos", "d < 1-eps, A > 0 (no gradient change)"),
+    ("clip_frac_high_neg", "d > 1+eps, A < 0 (no gradient change)"),
+    ("response_length_mean", "response length (tokens)"),
+    ("approx_kl", "approx KL(pi_old || pi) per step"),
+    ("grad_norm", "gradient norm"),
 ]
 
 
@@ -28,8 +35,14 @@ def read_metrics(run_dir):
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} not found: is {run_dir} a train.py output folder?")
+    rows = []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a torn last line of a crashed run
+                continue
+    return rows
 
 
 def smooth(values, window):
@@ -40,10 +53,6 @@ def smooth(values, window):
     return out
 
 
-def series(rows, key):
-    return [r.get(key) for r in rows]
-
-
 def _mean_std(xs):
     xs = [x for x in xs if x is not None and not math.isnan(x)]
     if not xs:
@@ -52,30 +61,33 @@ def _mean_std(xs):
     return m, (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
 
 
+def _window_mean(rows, key, first):
+    part = rows[:10] if first else rows[-10:]
+    values = [r[key] for r in part if r.get(key) is not None]
+    return sum(values) / len(values) if values else None
+
+
 def summary(runs: dict[str, list[str]]) -> dict:
-    """Per configuration: final eval_acc, and last-10-step entropy and reward, as mean and std over seeds."""
+    """Per configuration: final eval_acc, and first/last-10-step reward and entropy, as (mean, std) over seeds."""
     table = {}
     for name, dirs in runs.items():
         per_seed = [read_metrics(d) for d in dirs]
         evals = [next((r["eval_acc"] for r in reversed(rows) if "eval_acc" in r), None) for rows in per_seed]
-        last = lambda rows, k: sum(r.get(k, 0.0) for r in rows[-10:]) / len(rows[-10:])  # noqa: E731
-        first = lambda rows, k: sum(r.get(k, 0.0) for r in rows[:10]) / len(rows[:10])  # noqa: E731
-        table[name] = {
-            "seeds": len(dirs),
-            "eval_acc": _mean_std(evals),
-            "reward_first10": _mean_std([first(rows, "reward_mean") for rows in per_seed]),
-            "reward_last10": _mean_std([last(rows, "reward_mean") for rows in per_seed]),
-            "entropy_first10": _mean_std([first(rows, "entropy") for rows in per_seed]),
-            "entropy_last10": _mean_std([last(rows, "entropy") for rows in per_seed]),
-        }
+        table[name] = {"seeds": len(dirs), "eval_acc": _mean_std(evals)}
+        for key in ("reward_mean", "entropy"):
+            short = key.split("_")[0]
+            table[name][f"{short}_first10"] = _mean_std([_window_mean(rows, key, True) for rows in per_seed])
+            table[name][f"{short}_last10"] = _mean_std([_window_mean(rows, key, False) for rows in per_seed])
     return table
 
 
 def markdown(table: dict) -> str:
     def cell(ms, scale=1.0, digits=3):
+        if math.isnan(ms[0]):
+            return "n/a"
         return f"{scale * ms[0]:.{digits}f} ± {scale * ms[1]:.{digits}f}"
 
-    lines = ["| config | seeds | held-out avg@4 (%) | reward, first 10 steps | reward, last 10 | entropy, first 10 | entropy, last 10 |",
+    lines = ["| config | seeds | held-out avg@k (%) | reward, first 10 steps | reward, last 10 | entropy, first 10 | entropy, last 10 |",
              "|---|---|---|---|---|---|---|"]
     for name, row in table.items():
         lines.append(f"| {name} | {row['seeds']} | {cell(row['eval_acc'], 100, 1)} | {cell(row['reward_first10'])} | "
@@ -83,43 +95,64 @@ def markdown(table: dict) -> str:
     return "\n".join(lines)
 
 
-def make_figures(runs: dict[str, list[str]], out_dir: str, window: int = 5) -> list[str]:
+def available_panels(data: dict[str, list[list[dict]]]) -> list[tuple[str, str]]:
+    """The panels some run has a value for (data: name -> per-seed metric rows)."""
+    return [(k, t) for k, t in PANELS if any(k in r for per_seed in data.values() for rows in per_seed for r in rows)]
+
+
+def draw(runs: dict[str, list[str]], path: str, window: int = 5, title: str | None = None) -> str | None:
+    """One figure of the panels some run has; returns its path (None if no run has any of them)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    os.makedirs(out_dir, exist_ok=True)
     data = {name: [read_metrics(d) for d in dirs] for name, dirs in runs.items()}
-    written = []
+    panels = available_panels(data)
+    if not panels:
+        return None
     cols = 2
-    rows_n = math.ceil(len(PANELS) / cols)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(13, 3.2 * rows_n), squeeze=False)
+    rows_n = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(13, 3.1 * rows_n), squeeze=False)
     colors = plt.get_cmap("tab10")
-    for p, (key, title) in enumerate(PANELS):
+    for p, (key, label) in enumerate(panels):
         ax = axes[p // cols][p % cols]
         for c, (name, per_seed) in enumerate(data.items()):
-            curves = [smooth(series(rows, key), window) for rows in per_seed]
-            length = min(len(cv) for cv in curves)
-            steps = [r["step"] for r in per_seed[0][:length]]
-            mean = [sum(cv[i] for cv in curves) / len(curves) for i in range(length)]
-            ax.plot(steps, mean, label=name, color=colors(c % 10), linewidth=1.4)
+            curves = []
+            for rows in per_seed:
+                points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+                if points:
+                    steps, values = zip(*points)
+                    curves.append((list(steps), smooth(list(values), 1 if key == "eval_acc" else window)))
+            if not curves:
+                continue
+            length = min(len(v) for _, v in curves)
+            steps = curves[0][0][:length]
+            mean = [sum(v[i] for _, v in curves) / len(curves) for i in range(length)]
+            ax.plot(steps, mean, label=name, color=colors(c % 10), linewidth=1.4, marker="o" if key == "eval_acc" else None)
             if len(curves) > 1:
-                ax.fill_between(steps, [min(cv[i] for cv in curves) for i in range(length)],
-                                [max(cv[i] for cv in curves) for i in range(length)], color=colors(c % 10), alpha=0.15)
-        ax.set_title(title, fontsize=10)
+                ax.fill_between(steps, [min(v[i] for _, v in curves) for i in range(length)],
+                                [max(v[i] for _, v in curves) for i in range(length)], color=colors(c % 10), alpha=0.15)
+        ax.set_title(label, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    for p in range(len(PANELS), rows_n * cols):
+    for p in range(len(panels), rows_n * cols):
         axes[p // cols][p % cols].axis("off")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower right", fontsize=9, ncol=2, bbox_to_anchor=(0.98, 0.02))
-    fig.suptitle(f"tiny task, mean over seeds (shaded: min-max), {window}-step moving average", fontsize=11)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "curves.png")
-    fig.savefig(path, dpi=110)
+    fig.legend(handles, labels, loc="upper right", fontsize=9, ncol=min(4, len(labels)) or 1)
+    seeds = max(len(dirs) for dirs in runs.values())
+    fig.suptitle(title or (", ".join(runs) + (f": mean over seeds (shaded: min-max)" if seeds > 1 else "")
+                           + f", {window}-step moving average"), fontsize=11, x=0.02, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
-    written.append(path)
+    return path
 
+
+def make_figures(runs: dict[str, list[str]], out_dir: str, window: int = 5, title: str | None = None) -> list[str]:
+    """curves.png, summary.json and summary.md for the runs in out_dir; prints the table."""
+    os.makedirs(out_dir, exist_ok=True)
+    written = [p for p in [draw(runs, os.path.join(out_dir, "curves.png"), window, title)] if p]
     table = summary(runs)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(table, f, indent=1)
@@ -130,19 +163,70 @@ def make_figures(runs: dict[str, list[str]], out_dir: str, window: int = 5) -> l
     return written
 
 
+# --- what train.py shows at the end of a run --------------------------------------------------------
+
+def draw_run(run_dir: str, path: str) -> str | None:
+    """The run's own curves (train.py writes OUTPUT_DIR/curves.png)."""
+    return draw({os.path.basename(os.path.normpath(run_dir)): [run_dir]}, path)
+
+
+def run_summary(rows: list[dict], output_dir: str, final_dir: str) -> list[str]:
+    """A few lines: time per step, reward / accuracy / entropy over the first and last 10 steps, held-out accuracy
+    first and last, and where the files are."""
+    if not rows:
+        return [f"no steps logged in {output_dir}"]
+
+    def span(key, fmt):
+        a, b = _window_mean(rows, key, True), _window_mean(rows, key, False)
+        return "n/a" if a is None else f"{fmt(a)} -> {fmt(b)}"
+
+    seconds = [r["time_rollout_s"] + r["time_reward_s"] + r["time_update_s"] for r in rows if "time_update_s" in r]
+    phases = {k: sum(r.get(f"time_{k}_s", 0) for r in rows) / len(rows) for k in ("rollout", "reward", "update")}
+    evals = [(r["step"], r["eval_acc"]) for r in rows if "eval_acc" in r]
+    lines = [f"done: {len(rows)} steps to step {rows[-1]['step']}, {sum(seconds) / max(len(seconds), 1):.2f} s per step "
+             f"(rollout {phases['rollout']:.2f}, reward {phases['reward']:.2f}, update {phases['update']:.2f})",
+             f"  reward   first 10 steps -> last 10: {span('reward_mean', lambda v: f'{v:+.3f}')}"
+             f"   (accuracy {span('acc_mean', lambda v: f'{100 * v:.1f}%')})",
+             f"  entropy  first 10 steps -> last 10: {span('entropy', lambda v: f'{v:.4f}')} nats/token"]
+    if evals:
+        lines.append(f"  held-out accuracy: {100 * evals[0][1]:.1f}% at step {evals[0][0]} -> {100 * evals[-1][1]:.1f}% "
+                     f"at step {evals[-1][0]}")
+    files = [f for f in ("config.json", "metrics.jsonl", "samples.jsonl", "curves.png", "checkpoints")
+             if os.path.exists(os.path.join(output_dir, f))]
+    lines.append(f"  files in {output_dir}: {', '.join(files)}; final policy (HF format): {final_dir}")
+    return lines
+
+
+def sample_line(sample: dict, width: int = 150) -> str:
+    """One completion from samples.jsonl on one line, shortened."""
+    def short(text, n):
+        text = " ".join(str(text).split())
+        return text if len(text) <= n else text[:n - 3] + "..."
+    head = f"[step {sample['step']} sample] reward {sample['reward']:+.0f}, A {sample['advantage']:+.2f}: "
+    return head + short(sample["prompt"], 50) + " => " + short(sample["completion"], max(20, width - len(head) - 54))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", nargs="+", required=True, help="NAME=DIR[,DIR...] per configuration (one DIR per seed)")
-    parser.add_argument("--out", default="docs/figures", help="output folder")
+    parser.add_argument("runs", nargs="+", help="run folders, or NAME=DIR[,DIR...] for the seeds of one configuration")
+    parser.add_argument("--out", default=None, help="output folder (default: plots/ beside the first run)")
     parser.add_argument("--window", type=int, default=5, help="moving-average window in steps")
+    parser.add_argument("--title", default=None, help="figure title (default: from the runs' names)")
     args = parser.parse_args()
     runs = {}
     for spec in args.runs:
         name, _, dirs = spec.partition("=")
         if not dirs:
-            parser.error(f"--runs entries look like NAME=DIR[,DIR...]; got {spec!r}")
+            name, dirs = os.path.basename(os.path.normpath(spec)), spec
         runs[name] = dirs.split(",")
-    make_figures(runs, args.out, args.window)
+    for dirs in runs.values():
+        for d in dirs:
+            if not os.path.exists(os.path.join(d, "metrics.jsonl")):
+                parser.exit(2, f"plot.py: error: {d}/metrics.jsonl not found: is {d} a train.py output folder?\n")
+    first = runs[next(iter(runs))][0]
+    out = args.out or os.path.join(first, "plots")
+    written = make_figures(runs, out, args.window, args.title)
+    print("wrote " + ", ".join(written))
 
 
 if __name__ == "__main__":

@@ -37,3 +37,41 @@ def test_summary_and_figures(tmp_path):
 def test_missing_run_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nowhere/metrics.jsonl not found"):
         plot.read_metrics(str(tmp_path / "nowhere"))
+
+
+def test_plot_py_on_any_run_folder_writes_beside_it(tmp_path):
+    """`python plot.py RUN`: output in RUN/plots (never docs/), titles from the run, no nan for a missing metric."""
+    import subprocess
+    import sys
+    from conftest import ROOT
+    run = fake_run(tmp_path / "my-run", [0.1] * 12, [0.4] * 12, 0.5)
+    rows = [json.loads(line) for line in (tmp_path / "my-run" / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        r.pop("eval_acc", None)  # a run without held-out evaluation
+    (tmp_path / "my-run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = subprocess.run([sys.executable, "plot.py", run], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "my-run" / "plots" / "curves.png").stat().st_size > 10_000
+    table = (tmp_path / "my-run" / "plots" / "summary.md").read_text()
+    assert "| my-run | 1 | n/a |" in table and "nan" not in table
+    panels = [k for k, _ in plot.available_panels({"my-run": [plot.read_metrics(run)]})]
+    assert "eval_acc" not in panels and "approx_kl" not in panels and panels[:2] == ["entropy", "reward_mean"]
+    bad = subprocess.run([sys.executable, "plot.py", str(tmp_path / "nothing")], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "nothing/metrics.jsonl not found" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_run_summary_and_sample_line(tmp_path):
+    rows = [{"step": i + 1, "reward_mean": -0.5 + 0.05 * i, "acc_mean": 0.25 + 0.02 * i, "entropy": 0.2 - 0.005 * i,
+             "time_rollout_s": 0.5, "time_reward_s": 0.1, "time_update_s": 0.4} for i in range(20)]
+    rows[4]["eval_acc"], rows[19]["eval_acc"] = 0.4, 0.55
+    (tmp_path / "config.json").write_text("{}")
+    lines = plot.run_summary(rows, str(tmp_path), str(tmp_path / "final"))
+    assert "20 steps to step 20, 1.00 s per step" in lines[0]
+    assert "-0.275 -> +0.225" in lines[1] and "34.0% -> 54.0%" in lines[1]  # means of steps 1-10 and 11-20
+    assert "0.1775 -> 0.1275" in lines[2]
+    assert "40.0% at step 5 -> 55.0% at step 20" in lines[3]
+    assert "config.json" in lines[4] and str(tmp_path / "final") in lines[4]
+    line = plot.sample_line({"step": 3, "reward": 1.0, "advantage": 0.5, "prompt": "Compute 1 + 2.",
+                             "completion": "x " * 200})
+    assert line.startswith("[step 3 sample] reward +1, A +0.50: Compute 1 + 2. => x x") and line.endswith("...")
+    assert len(line) <= 150

@@ -1,11 +1,12 @@
-"""The CPU-scale entropy study: every method on the tiny task, 3 seeds each, then the figures and the table.
+"""The long-run entropy study: each configuration trained with a preset for several seeds, then the curves and a table.
 
-    python study.py                 # runs what is missing (about 35 minutes on 2 cores), then plots
-    python study.py --steps 20 --seeds 0     # a quicker, smaller version
-    python study.py --plot-only
+    python study.py --preset tiny --steps 50                     # the original CPU study on the arithmetic task
+    python study.py --preset <task preset> --steps 150           # the study on the longer-response task (README)
+    python study.py --preset tiny --plot-only
 
-Runs go to runs/study/<config>-s<seed>/ (a finished run is skipped, so an interrupted study resumes); figures and
-the table to docs/figures/. docs/cpu-reproduction.md discusses the results.
+Runs go to runs/study/<preset>/<config>-s<seed>/ and keep checkpoints, so an interrupted study resumes: a finished
+run is skipped, an unfinished one continues from its last checkpoint (train.py --resume), exactly. Figures and the
+table go to docs/figures/study-<preset>/ (see docs/cpu-reproduction.md).
 """
 
 import argparse
@@ -16,9 +17,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# name -> train.py flags on top of --preset tiny (which already uses several mini-batches per rollout batch)
+# name -> train.py flags on top of the preset
 CONFIGS = {
-    "grpo": ["--algo", "grpo"],
+    "grpo": ["--algo", "grpo"],  # PPO-clip with GRPO's per-response aggregation
+    "ppo_clip": ["--algo", "ce_gppo", "--beta1", "0", "--beta2", "0"],  # PPO-clip's gradient, CE-GPPO's token mean
     "dapo": ["--algo", "dapo"],
     "gppo": ["--algo", "gppo"],
     "ce_gppo_0.5_1": ["--algo", "ce_gppo", "--beta1", "0.5", "--beta2", "1.0"],
@@ -26,16 +28,42 @@ CONFIGS = {
     "ce_gppo_1_0.5": ["--algo", "ce_gppo", "--beta1", "1.0", "--beta2", "0.5"],
     "ce_gppo_0_1": ["--algo", "ce_gppo", "--beta1", "0.0", "--beta2", "1.0"],
     "ce_gppo_0.5_1_dyn_id": ["--algo", "ce_gppo", "--beta1", "0.5", "--beta2", "1.0", "--dynamic-clip", "id"],
+    "entropy_0.001": ["--algo", "ce_gppo", "--beta1", "0", "--beta2", "0", "--entropy-coef", "0.001"],
+    "entropy_0.003": ["--algo", "ce_gppo", "--beta1", "0", "--beta2", "0", "--entropy-coef", "0.003"],
 }
+DEFAULT = "grpo,dapo,gppo,ce_gppo_0.5_1,ce_gppo_0.75_1,ce_gppo_1_0.5,ce_gppo_0_1,ce_gppo_0.5_1_dyn_id"
+
+
+def run_one(preset, name, seed, steps, out, extra):
+    """Train one configuration and seed to `steps`, resuming it if a checkpoint exists; returns seconds taken."""
+    import runfolder as RF
+    done = RF.read_jsonl(os.path.join(out, "metrics.jsonl"))
+    if os.path.exists(os.path.join(out, "final", "config.json")) and done and done[-1]["step"] >= steps:
+        print(f"[study] {name} seed {seed}: done already", flush=True)
+        return 0.0
+    flags = ["--preset", preset, *CONFIGS[name], "--seed", str(seed), "--max-steps", str(steps),
+             "--save-every", str(max(1, min(25, steps))), "--output-dir", out, *extra]
+    if os.path.exists(os.path.join(out, "config.json")):
+        flags.append("--resume")  # from its last checkpoint, or from step 0 if it died before the first
+    start = time.time()
+    print(f"[study] {name} seed {seed} ...", flush=True)
+    run = subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *flags], cwd=HERE,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if run.returncode:
+        sys.exit(f"[study] {name} seed {seed} failed:\n{run.stderr[-3000:]}")
+    print(f"[study] {name} seed {seed}: {time.time() - start:.0f}s", flush=True)
+    return time.time() - start
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny", help="train.py preset: task, model and the update's settings")
     parser.add_argument("--steps", type=int, default=50, help="RL steps per run")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {list(CONFIGS)}")
+    parser.add_argument("--configs", default=DEFAULT, help=f"comma-separated, from {list(CONFIGS)}")
+    parser.add_argument("--eval-every", type=int, default=None, help="held-out evaluation every N steps (default: at the end only)")
     parser.add_argument("--root", default=os.path.join(HERE, "runs", "study"), help="where the runs go")
-    parser.add_argument("--figures", default=os.path.join(HERE, "docs", "figures"), help="where figures and the table go")
+    parser.add_argument("--figures", default=None, help="where figures and the table go (default: docs/figures/study-<preset>)")
     parser.add_argument("--plot-only", action="store_true", help="only redraw from existing runs")
     parser.add_argument("--no-plot", action="store_true", help="only run, do not draw")
     args = parser.parse_args()
@@ -44,34 +72,21 @@ def main():
     if unknown:
         parser.error(f"unknown config(s) {unknown}; choose from {list(CONFIGS)}")
     seeds = [int(s) for s in args.seeds.split(",") if s]
+    root = os.path.join(args.root, args.preset)
+    figures = args.figures or os.path.join(HERE, "docs", "figures", f"study-{args.preset}")
+    extra = ["--eval-every", str(args.eval_every or args.steps)]
     start = time.time()
     if not args.plot_only:
-        for name in names:
-            for seed in seeds:
-                out = os.path.join(args.root, f"{name}-s{seed}")
-                if os.path.exists(os.path.join(out, "final", "config.json")):
-                    print(f"[study] {name} seed {seed}: done already")
-                    continue
-                flags = ["--preset", "tiny", *CONFIGS[name], "--seed", str(seed), "--max-steps", str(args.steps),
-                         "--eval-every", str(args.steps), "--save-every", str(args.steps), "--output-dir", out]
-                if os.path.exists(os.path.join(out, "checkpoints")):
-                    flags.append("--resume")
-                elif os.path.exists(out):
-                    import shutil
-                    shutil.rmtree(out)  # a run that died before its first checkpoint starts over
-                t0 = time.time()
-                print(f"[study] {name} seed {seed} ...", flush=True)
-                run = subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *flags],
-                                     cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                if run.returncode:
-                    sys.exit(f"[study] {name} seed {seed} failed:\n{run.stderr[-3000:]}")
-                print(f"[study] {name} seed {seed}: {time.time() - t0:.0f}s", flush=True)
+        for seed in seeds:  # seed-major: an interrupted study has whole seeds of every config first
+            for name in names:
+                run_one(args.preset, name, seed, args.steps, os.path.join(root, f"{name}-s{seed}"), extra)
     if args.no_plot:
         return
     import plot
-    runs = {name: [os.path.join(args.root, f"{name}-s{s}") for s in seeds] for name in names}
-    plot.make_figures(runs, args.figures)
-    print(f"[study] total {time.time() - start:.0f}s; figures in {args.figures}")
+    runs = {name: [os.path.join(root, f"{name}-s{s}") for s in seeds] for name in names}
+    plot.make_figures(runs, figures, title=f"{args.preset}: {len(seeds)} seeds per configuration (mean; shaded: min-max), "
+                                           "5-step moving average")
+    print(f"[study] total {time.time() - start:.0f}s; figures in {figures}")
 
 
 if __name__ == "__main__":

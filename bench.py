@@ -402,7 +402,7 @@ def _run_logged(cmd, log_path, on_poll=None):
         raise RuntimeError(f"{' '.join(cmd[:3])} ... exited with {proc.returncode}:\n{tail}")
 
 
-def ours_steps(engine, workdir, steps, prompts, n, max_tokens, micro_batch, lr, model="tiny"):
+def ours_steps(engine, workdir, steps, prompts, n, max_tokens, micro_batch, lr, model="tiny", min_tokens=0):
     """train.py with `engine` (hf | vllm) for `steps` steps, one optimizer step each; per step after the first: wall
     time (between consecutive metrics.jsonl rows, seen by polling the file) and train.py's own phase times."""
     out_dir = os.path.join(workdir, f"ours-{engine}")
@@ -411,6 +411,7 @@ def ours_steps(engine, workdir, steps, prompts, n, max_tokens, micro_batch, lr, 
            "--gradient-checkpointing" if model != "tiny" else "--no-gradient-checkpointing",
            "--gen-prompts", str(prompts), "--train-prompts", str(prompts), "--mini-batch-prompts", str(prompts),
            "--micro-batch-size", str(micro_batch), "--n", str(n), "--max-response-len", str(max_tokens),
+           "--min-response-len", str(min_tokens), "--log-samples-every", "0",
            "--temperature", "1.0", "--top-p", "1.0", "--lr", str(lr), "--warmup-steps", "0", "--weight-decay", "0",
            "--grad-clip", "1.0", "--precision", "fp32", "--seed", "0", "--max-steps", str(steps),
            "--eval-every", "0", "--save-every", str(10**9), "--output-dir", out_dir]
@@ -430,12 +431,13 @@ def ours_steps(engine, workdir, steps, prompts, n, max_tokens, micro_batch, lr, 
              "response_len": rows[k].get("response_length_mean")} for k in range(1, len(rows))]
 
 
-def trl_steps(workdir, steps, prompts, n, max_tokens, micro_batch, lr, model="tiny", use_vllm=False):
+def trl_steps(workdir, steps, prompts, n, max_tokens, micro_batch, lr, model="tiny", use_vllm=False, min_tokens=0):
     """TRL's GRPOTrainer in a fresh process (bench.py --_trl-worker); per step after the first: wall time (between
     consecutive on_step_end callbacks) and phase times."""
     out_dir = os.path.join(workdir, "trl-vllm" if use_vllm else "trl-hf")
     spec = dict(output_dir=out_dir, result=out_dir + ".json", steps=steps, prompts=prompts, n=n,
-                max_tokens=max_tokens, micro_batch=micro_batch, lr=lr, model=model, use_vllm=use_vllm)
+                max_tokens=max_tokens, micro_batch=micro_batch, lr=lr, model=model, use_vllm=use_vllm,
+                min_tokens=min_tokens)
     _run_logged([sys.executable, os.path.join(HERE, "bench.py"), "--_trl-worker", json.dumps(spec)], out_dir + ".log")
     marks = json.load(open(spec["result"]))
     records = []
@@ -498,6 +500,7 @@ def _trl_worker(spec):
         num_generations=spec["n"], per_device_train_batch_size=spec["micro_batch"],
         gradient_accumulation_steps=spec["prompts"] * spec["n"] // spec["micro_batch"],
         max_completion_length=spec["max_tokens"], temperature=1.0, top_p=1.0, top_k=0,
+        generation_kwargs={"min_new_tokens": spec["min_tokens"]} if spec["min_tokens"] else None,
         learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
         optim="adamw_torch", seed=0, shuffle_dataset=False, max_steps=spec["steps"],
         logging_steps=1, save_strategy="no", report_to="none",
@@ -513,13 +516,14 @@ def _trl_worker(spec):
         json.dump(marks, f)
 
 
-def bench_step(steps=5, repeats=5, prompts=32, n=8, max_tokens=48, micro_batch=32, lr=1e-4, model="tiny"):
+def bench_step(steps=5, repeats=5, prompts=32, n=8, max_tokens=48, micro_batch=32, lr=1e-4, model="tiny", min_tokens=0):
     """Seconds per RL step: ours (HF generate), TRL (HF generate), ours (vLLM), alternating `repeats` times.
     model: "tiny", or a hub id / path for a GPU run at a larger shape (then gradient checkpointing on both sides)."""
     import importlib.util
     import tempfile
 
-    shape = dict(steps=steps, prompts=prompts, n=n, max_tokens=max_tokens, micro_batch=micro_batch, lr=lr, model=model)
+    shape = dict(steps=steps, prompts=prompts, n=n, max_tokens=max_tokens, micro_batch=micro_batch, lr=lr, model=model,
+                 min_tokens=min_tokens)
     runners = {"ours_hf": lambda d: ours_steps("hf", d, **shape)}
     have_trl = importlib.util.find_spec("trl") is not None
     if have_trl:
@@ -543,6 +547,7 @@ def bench_step(steps=5, repeats=5, prompts=32, n=8, max_tokens=48, micro_batch=3
                     print(f"step: {name} failed: {e}", file=sys.stderr)
 
     out = {"model": model, "completions_per_step": prompts * n, "prompts": prompts, "n": n, "max_tokens": max_tokens,
+           "min_tokens": min_tokens,
            "micro_batch": micro_batch, "lr": lr, "steps_per_run": steps, "runs": repeats,
            "measured_steps_per_run": steps - 1}
     for name, records in per_step.items():
@@ -583,8 +588,15 @@ def bench_step(steps=5, repeats=5, prompts=32, n=8, max_tokens=48, micro_batch=3
     return out
 
 
+def bench_step_long(tokens=256, **shape):
+    """The step at a rollout-dominated shape: every response exactly `tokens` long on both sides (EOS not allowed
+    before that: train.py --min-response-len, TRL generation_kwargs min_new_tokens), as in real RL runs where
+    sampling long responses dominates a step."""
+    return bench_step(**{**shape, "max_tokens": tokens, "min_tokens": tokens})
+
+
 SECTIONS = {"loss": bench_loss, "logprobs": bench_logprobs, "reward": bench_reward, "rollout": bench_rollout,
-            "step": bench_step}
+            "step": bench_step, "step_long": bench_step_long}
 
 
 def cpu_model():
@@ -604,6 +616,7 @@ def main():
     parser.add_argument("--step-prompts", type=int, default=32, help="step: prompts per step (x 8 completions)")
     parser.add_argument("--step-max-tokens", type=int, default=48, help="step: max response tokens")
     parser.add_argument("--step-micro-batch", type=int, default=32, help="step: sequences per forward/backward")
+    parser.add_argument("--step-long-tokens", type=int, default=256, help="step_long: every response this long")
     parser.add_argument("--_trl-worker", default=None, help=argparse.SUPPRESS)  # internal: the TRL side of `step`
     args = parser.parse_args()
     if args._trl_worker:
@@ -621,8 +634,11 @@ def main():
                     "threads": torch.get_num_threads()},
     }
     for name in names:
-        kwargs = dict(steps=args.step_steps, repeats=args.step_repeats, model=args.step_model, prompts=args.step_prompts,
-                      max_tokens=args.step_max_tokens, micro_batch=args.step_micro_batch) if name == "step" else {}
+        kwargs = {}
+        if name.startswith("step"):
+            kwargs = dict(steps=args.step_steps, repeats=args.step_repeats, model=args.step_model, prompts=args.step_prompts,
+                          micro_batch=args.step_micro_batch)
+            kwargs.update(max_tokens=args.step_max_tokens) if name == "step" else kwargs.update(tokens=args.step_long_tokens)
         results[name] = SECTIONS[name](**kwargs)
         print(f"\n## {name}")
         for key, value in results[name].items():

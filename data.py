@@ -38,15 +38,12 @@ class UserError(SystemExit):
 
 def task_names() -> list[str]:
     import tiny
-    return sorted(tiny.TASKS) if hasattr(tiny, "TASKS") else ["arith"]
+    return sorted(tiny.TASKS)
 
 
 def _task_rows(name, split, seed):
     import tiny
-    if hasattr(tiny, "TASKS"):
-        problems = tiny.TASKS[name].train(seed) if split == "train" else tiny.TASKS[name].held_out()
-    else:  # the arithmetic task only
-        problems = tiny.arithmetic_split("train", 4096, seed=seed) if split == "train" else tiny.held_out_problems()
+    problems = tiny.TASKS[name].train(seed) if split == "train" else tiny.TASKS[name].held_out()
     return [make_row(i, p["problem"], p["answer"]) for i, p in enumerate(problems)]
 
 
@@ -198,7 +195,7 @@ def benchmark_defaults(name: str) -> dict:
         return {k: BENCHMARKS[name][k] for k in ("k", "max_tokens")}
     if name in task_names():
         import tiny
-        return dict(k=8, max_tokens=tiny.TASKS[name].max_response_len if hasattr(tiny, "TASKS") else 48)
+        return dict(k=tiny.TASKS[name].k, max_tokens=tiny.TASKS[name].max_response_len)
     return dict(USER_FILE_DEFAULTS)
 
 

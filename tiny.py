@@ -17,6 +17,7 @@ import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import torch
 
@@ -133,6 +134,20 @@ def chat_prompt(tokenizer, problem: str) -> str:
 
 # --- the warm start ----------------------------------------------------------------------------
 
+def sft_batch(tokenizer, prompts, responses):
+    """Right-padded prompt + response token ids; the loss (labels) on the response tokens only."""
+    seqs = [p + r for p, r in zip(prompts, responses)]
+    width = max(map(len, seqs))
+    input_ids = torch.full((len(seqs), width), tokenizer.pad_token_id)
+    labels = torch.full((len(seqs), width), -100)
+    attention = torch.zeros(len(seqs), width, dtype=torch.long)
+    for j, (prompt, seq) in enumerate(zip(prompts, seqs)):
+        input_ids[j, :len(seq)] = torch.tensor(seq)
+        labels[j, len(prompt):len(seq)] = torch.tensor(seq[len(prompt):])
+        attention[j, :len(seq)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+
+
 def warm_start(model, tokenizer, cfg: TinyConfig, log=print):
     """Supervised steps on worked solutions; loss on the response tokens (and the closing <|im_end|>) only."""
     rows = arithmetic_split("train", cfg.sft_examples, seed=cfg.seed)
@@ -144,17 +159,7 @@ def warm_start(model, tokenizer, cfg: TinyConfig, log=print):
     start = time.time()
     for step in range(cfg.sft_steps):
         idx = rng.sample(range(len(rows)), cfg.sft_batch_size)
-        seqs = [prompts[i] + responses[i] for i in idx]
-        width = max(map(len, seqs))
-        input_ids = torch.full((len(seqs), width), tokenizer.pad_token_id)
-        labels = torch.full((len(seqs), width), -100)
-        attention = torch.zeros(len(seqs), width, dtype=torch.long)
-        for j, i in enumerate(idx):
-            n_prompt, seq = len(prompts[i]), seqs[j]
-            input_ids[j, :len(seq)] = torch.tensor(seq)
-            labels[j, n_prompt:len(seq)] = torch.tensor(seq[n_prompt:])
-            attention[j, :len(seq)] = 1
-        out = model(input_ids=input_ids, attention_mask=attention, labels=labels)
+        out = model(**sft_batch(tokenizer, [prompts[i] for i in idx], [responses[i] for i in idx]))
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -170,22 +175,30 @@ def config_hash(cfg: TinyConfig) -> str:
 
 
 def ensure_tiny_model(cache_dir: str = DEFAULT_CACHE, cfg: TinyConfig | None = None, log=print) -> str:
-    """Path of the warm-started tiny model, building it on first use (~1 minute on 2 cores).
-
-    Written to a temporary folder and renamed into place, so an interrupted build never leaves a half model.
-    """
+    """Path of the warm-started tiny model, building it on first use (~1 minute on 2 cores)."""
     cfg = cfg or TinyConfig()
-    path = os.path.join(cache_dir, f"tiny-qwen2-{config_hash(cfg)}")
+
+    def build():
+        log(f"tiny model: building a {cfg.num_layers}-layer Qwen2 (hidden {cfg.hidden_size}) and its tokenizer, "
+            f"then a {cfg.sft_steps}-step supervised warm start on the arithmetic task")
+        corpus = [r["problem"] + "\n" + r["solution"] for r in arithmetic_split("train", 5000, seed=cfg.seed)]
+        tokenizer = build_tokenizer(corpus, cfg.vocab_size)
+        model = build_model(cfg, tokenizer)
+        return warm_start(model, tokenizer, cfg, log=log), tokenizer
+
+    return _cached(os.path.join(cache_dir, f"tiny-qwen2-{config_hash(cfg)}"), cfg, build, "tiny model", log)
+
+
+def _cached(path, cfg, build, what, log):
+    """The model folder at `path`, built (build() -> model, tokenizer) on first use. Written to a temporary folder
+    and renamed into place, so an interrupted build never leaves a half model."""
     if os.path.exists(os.path.join(path, "config.json")):
-        log(f"tiny model: using the cached warm-started model in {path}")
+        log(f"{what}: using the cached warm-started model in {path}")
         return path
-    log(f"tiny model: building a {cfg.num_layers}-layer Qwen2 (hidden {cfg.hidden_size}) and its tokenizer, "
-        f"then a {cfg.sft_steps}-step supervised warm start on the arithmetic task")
-    corpus = [r["problem"] + "\n" + r["solution"] for r in arithmetic_split("train", 5000, seed=cfg.seed)]
-    tokenizer = build_tokenizer(corpus, cfg.vocab_size)
-    model = build_model(cfg, tokenizer)
-    warm_start(model, tokenizer, cfg, log=log)
-    os.makedirs(cache_dir, exist_ok=True)
+    model, tokenizer = build()
+    import transformers
+    transformers.utils.logging.disable_progress_bar()  # a one-file "Writing model shards" bar says nothing
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
@@ -196,9 +209,122 @@ def ensure_tiny_model(cache_dir: str = DEFAULT_CACHE, cfg: TinyConfig | None = N
         os.rename(tmp, path)
     except OSError:  # another process finished first: keep theirs
         shutil.rmtree(tmp, ignore_errors=True)
-    log(f"tiny model: saved to {path}")
+    log(f"{what}: saved to {path}")
     return path
 
 
+# --- the second task: sums with a free order (long responses, many genuine choices) ---------------------
+# "Add up 7, 2, 9, 4, ... and 5." (12-16 single-digit numbers). A worked solution merges any two numbers of the
+# remaining pool per line, "a+b=c", until one is left, then \boxed{total}. Every order is right, so each line
+# opens with a genuine choice (which two numbers), while the arithmetic is determined: entropy sits at choice points,
+# as at the forks of long reasoning, and responses run about 80-130 tokens. Picking a number that is no longer in
+# the pool (losing track) is the usual error, and what RL can fix: a policy that learns a fixed order tracks more
+# easily, so entropy has somewhere to collapse to.
+
+def _sums_problem(numbers, rng):
+    pool, lines = list(numbers), []
+    while len(pool) > 1:
+        i, j = rng.sample(range(len(pool)), 2)
+        a, b = pool[i], pool[j]
+        lines.append(f"{a}+{b}={a + b}")
+        pool = [x for k, x in enumerate(pool) if k not in (i, j)] + [a + b]
+    words = ", ".join(map(str, numbers[:-1])) + f" and {numbers[-1]}"
+    return {"problem": f"Add up {words}.", "answer": sum(numbers), "numbers": list(numbers),
+            "solution": "\n".join(lines) + f"\n\\boxed{{{pool[0]}}}"}
+
+
+def _sums_held_out(numbers) -> bool:
+    # a fixed 10% of all multisets of numbers, chosen by hash, never appear in the train split
+    return int(hashlib.sha256(",".join(map(str, sorted(numbers))).encode()).hexdigest(), 16) % 10 == 0
+
+
+def sums_split(split: str, n: int, seed: int = 0, terms=(12, 16), low=1, high=9) -> list[dict]:
+    """n problems with a worked solution each (one random order); "train" and "test" never overlap."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    rng = random.Random(f"sums-{split}-{seed}")
+    rows = []
+    while len(rows) < n:
+        numbers = [rng.randint(low, high) for _ in range(rng.randint(*terms))]
+        if _sums_held_out(numbers) == (split == "test"):
+            rows.append(_sums_problem(numbers, rng))
+    return rows
+
+
+@dataclass
+class SumsConfig:
+    """The sums task's model and warm start; its hash names the cache folder."""
+    vocab_size: int = 400
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 2  # head_dim 64
+    num_kv_heads: int = 1
+    intermediate_size: int = 384
+    max_position_embeddings: int = 512
+    sft_steps: int = 1500  # each on sft_batch_size fresh problems with a fresh random order
+    sft_batch_size: int = 32
+    sft_lr: float = 3e-3
+    sft_warmup: int = 50
+    seed: int = 0
+
+
+def ensure_sums_model(cache_dir: str = DEFAULT_CACHE, cfg: SumsConfig | None = None, log=print) -> str:
+    """Path of the warm-started model of the sums task, building it on first use (a few minutes on 2 cores)."""
+    cfg = cfg or SumsConfig()
+
+    def build():
+        log(f"sums model: building a {cfg.num_layers}-layer Qwen2 (hidden {cfg.hidden_size}), then a {cfg.sft_steps}-step "
+            "supervised warm start on the sums task")
+        corpus = [r["problem"] + "\n" + r["solution"] for r in sums_split("train", 3000, seed=cfg.seed + 1)]
+        tokenizer = build_tokenizer(corpus, cfg.vocab_size)
+        model = build_model(TinyConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
+                                       num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                                       intermediate_size=cfg.intermediate_size,
+                                       max_position_embeddings=cfg.max_position_embeddings, seed=cfg.seed), tokenizer)
+        rows = sums_split("train", cfg.sft_steps * cfg.sft_batch_size, seed=cfg.seed)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0, betas=(0.9, 0.95))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / cfg.sft_warmup))
+        model.train()
+        start = time.time()
+        for step in range(cfg.sft_steps):
+            batch = rows[step * cfg.sft_batch_size:(step + 1) * cfg.sft_batch_size]
+            prompts = [tokenizer(chat_prompt(tokenizer, r["problem"]), add_special_tokens=False)["input_ids"] for r in batch]
+            responses = [tokenizer(r["solution"] + IM_END, add_special_tokens=False)["input_ids"] for r in batch]
+            out = model(**sft_batch(tokenizer, prompts, responses))
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            if step % 250 == 0 or step == cfg.sft_steps - 1:
+                log(f"  warm start step {step + 1}/{cfg.sft_steps}: loss {out.loss.item():.3f} ({time.time() - start:.0f}s)")
+        return model.eval(), tokenizer
+
+    return _cached(os.path.join(cache_dir, f"sums-qwen2-{config_hash(cfg)}"), cfg, build, "sums model", log)
+
+
+# --- the registry: what data.py and train.py see ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Task:
+    train: Callable  # seed -> training problems [{"problem", "answer", ...}]
+    held_out: Callable  # () -> the fixed held-out problems (the benchmark of the same name)
+    max_response_len: int  # the response budget its preset and evaluate.py use
+    k: int  # samples per held-out problem in evaluate.py (and train.py's eval_acc)
+    model: Callable  # (cache_dir=..., log=...) -> path of its warm-started model
+
+
+TASKS = {
+    "arith": Task(lambda seed: arithmetic_split("train", 4096, seed=seed), held_out_problems, 48, 8, ensure_tiny_model),
+    "sums": Task(lambda seed: sums_split("train", 8192, seed=seed), lambda: sums_split("test", 128, seed=0), 192, 4,
+                 ensure_sums_model),
+}
+
+
+def ensure_task_model(task: str, cache_dir: str = DEFAULT_CACHE, log=print) -> str:
+    """The warm-started model of an offline task ("arith": the tiny model; "sums"), built once and cached."""
+    return TASKS[task].model(cache_dir=cache_dir, log=log)
+
+
 if __name__ == "__main__":
-    print(ensure_tiny_model(*sys.argv[1:2]))
+    print(ensure_task_model(sys.argv[1] if len(sys.argv) > 1 else "arith"))

@@ -101,6 +101,13 @@ PRESETS = {
     # The offline CPU default: ~3 minutes on 2 cores, no downloads. Larger lr than the paper's (a 3M-parameter
     # model), and up to 8 mini-batches per step so ratios leave the clip interval and CE-GPPO's terms act.
     "tiny": dict(algo="ce_gppo", algo_options={}),
+    # The offline task where the paper's regime can exist (tiny.py: sums with a free order): ~105-token responses
+    # with genuine choice points, and the paper's 256 -> 128 -> 16 scaled down to 32 -> 16 -> 2: up to 8 optimizer
+    # steps per rollout batch. lr 3e-4 of {1e-4, 3e-4, 5e-4, 1e-3} tried over 20 steps: 1e-4 clips 0.2% of tokens
+    # in the beta1 region, 5e-4 and 1e-3 drove accuracy to 0 within 5-20 steps.
+    "sums": dict(model="tiny:sums", train_data="sums", lr=3e-4, gen_prompts=32, train_prompts=16, mini_batch_prompts=2,
+                 micro_batch_size=16, max_prompt_len=96, max_response_len=192, output_dir="runs/sums", max_steps=150,
+                 save_every=25, eval_every=50, log_samples_every=15, algo="ce_gppo", algo_options={}),
     # Official CE-GPPO script for DeepSeek-R1-Distill-Qwen-1.5B. Code vs paper text: the 0.1 positive-example LM
     # loss and dual clip 10 are in the code, not the paper; the token mean is exact here (the official code
     # approximates it per micro-batch).
@@ -576,12 +583,12 @@ def resolve_model(name):
     if name == "tiny" or name.startswith("tiny:"):
         import tiny
         task = name.partition(":")[2] or "arith"
+        if task not in tiny.TASKS:
+            raise UserError(f"--model {name}: no offline task {task!r}; choose from {sorted(tiny.TASKS)}")
         if D.is_main():  # built once, by rank 0; the others then find it cached
-            path = tiny.ensure_task_model(task) if hasattr(tiny, "ensure_task_model") else tiny.ensure_tiny_model()
+            path = tiny.ensure_task_model(task)
         D.barrier()
-        if not D.is_main():
-            path = tiny.ensure_task_model(task, log=lambda *a: None) if hasattr(tiny, "ensure_task_model") else tiny.ensure_tiny_model(log=lambda *a: None)
-        return path
+        return path if D.is_main() else tiny.ensure_task_model(task, log=lambda *a: None)
     if os.path.isdir(name):
         if not os.path.exists(os.path.join(name, "config.json")):
             raise UserError(f"--model {name}: the folder has no config.json (not an HF model folder)")

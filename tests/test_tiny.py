@@ -1,0 +1,62 @@
+"""The offline tasks' data and verifier (no warm start is built here): splits, worked solutions, lengths."""
+
+import re
+
+import pytest
+
+import data
+import reward
+import tiny
+
+
+def test_sums_splits_are_deterministic_and_disjoint():
+    a, b = tiny.sums_split("train", 300, seed=0), tiny.sums_split("train", 300, seed=0)
+    assert a == b and tiny.sums_split("train", 300, seed=1) != a
+    test = tiny.sums_split("test", 300, seed=0)
+    train_sets = {tuple(sorted(r["numbers"])) for r in tiny.sums_split("train", 3000, seed=0)}
+    assert not train_sets & {tuple(sorted(r["numbers"])) for r in test}  # held-out multisets never train
+    assert all(12 <= len(r["numbers"]) <= 16 and all(1 <= x <= 9 for x in r["numbers"]) for r in a + test)
+    held = data.load_benchmark("sums")
+    assert len(held) == 128 and held == data.load_benchmark("sums")  # a fixed benchmark
+    assert [r["answer"] for r in held] == [sum(r["numbers"]) for r in tiny.sums_split("test", 128, seed=0)]
+
+
+def test_sums_worked_solutions_merge_the_pool_correctly_and_in_many_orders():
+    rows = tiny.sums_split("train", 200, seed=3)
+    for r in rows:
+        pool = sorted(r["numbers"])
+        lines = r["solution"].splitlines()
+        for line in lines[:-1]:
+            a, b, c = map(int, re.fullmatch(r"(\d+)\+(\d+)=(\d+)", line).groups())
+            assert a + b == c
+            pool.remove(a), pool.remove(b)  # both operands were in the pool
+            pool.append(c)
+        assert pool == [r["answer"]] and lines[-1] == f"\\boxed{{{r['answer']}}}"
+    firsts = {r["solution"].splitlines()[0] for r in rows}
+    assert len(firsts) > 50  # the order is free: many different first merges
+
+
+def test_the_verifier_scores_worked_solutions_and_rejects_a_wrong_total():
+    rows = tiny.sums_split("test", 40, seed=0)
+    good = [r["solution"] for r in rows]
+    bad = [r["solution"].rsplit("\\boxed", 1)[0] + f"\\boxed{{{r['answer'] + 1}}}" for r in rows]
+    scores = reward.score_batch(good + bad, [r["answer"] for r in rows] * 2)
+    assert scores == [1.0] * 40 + [-1.0] * 40
+
+
+def test_sums_responses_are_long_in_the_task_tokenizer():
+    rows = tiny.sums_split("train", 200, seed=5)
+    tokenizer = tiny.build_tokenizer([r["problem"] + "\n" + r["solution"] for r in rows], 400)
+    lengths = [len(tokenizer(r["solution"] + tiny.IM_END, add_special_tokens=False)["input_ids"]) for r in rows]
+    assert 80 <= sum(lengths) / len(lengths) <= 200 and max(lengths) < tiny.TASKS["sums"].max_response_len
+    prompts = [len(tokenizer(tiny.chat_prompt(tokenizer, r["problem"]), add_special_tokens=False)["input_ids"]) for r in rows]
+    assert max(prompts) <= 96  # the sums preset's --max-prompt-len
+
+
+@pytest.mark.parametrize("task", ["arith", "sums"])
+def test_each_task_is_a_training_source_and_a_benchmark(task):
+    rows = data.load_rows(task)
+    held = data.load_benchmark(task)
+    assert rows and held and all(r["prompt"][0]["role"] == "user" and r["answer"] is not None for r in rows[:50] + held)
+    assert not {data.question_of(r) for r in held} & {data.question_of(r) for r in rows}
+    assert data.benchmark_defaults(task)["max_tokens"] == tiny.TASKS[task].max_response_len

@@ -146,26 +146,29 @@ class _HeadLinear(torch.autograd.Function):
         return grad_h.to(hidden.dtype).view_as(hidden), grad_w
 
 
-def _peak_probe(which, vocab, tokens, chunk_elements, repeats, hidden=0):
+def _peak_probe(which, vocab, tokens, chunk_elements, repeats, hidden=0, device="cpu"):
     """Runs in a fresh process: peak extra RSS of forward (+ backward) and the median time of forward+backward over the
     measured run and `repeats` more. hidden=0: from bf16 logits [1, tokens, vocab] (naive | chunked); else from bf16
-    hidden states [1, tokens, hidden] and a bf16 head [vocab, hidden] (naive | chunked | fused)."""
+    hidden states [1, tokens, hidden] and a bf16 head [vocab, hidden] (naive | chunked | fused). On CUDA the peak is
+    torch's allocator peak (max_memory_allocated) above what the inputs hold, and the full logits a bf16 GEMM."""
     import logprobs
+    cuda = device == "cuda"
     chunk = {} if chunk_elements is None else {"chunk_elements": chunk_elements}
 
     def inputs(tokens, vocab):
         torch.manual_seed(0)
         targets = torch.randint(0, vocab, (1, tokens))
         if hidden:
-            h = torch.randn(1, tokens, hidden).bfloat16().requires_grad_(True)
-            w = (torch.randn(vocab, hidden) * (4 / hidden ** 0.5)).bfloat16().requires_grad_(True)  # logits ~ N(0, 16)
-            return targets, [h, w]
-        return targets, [torch.randn(1, tokens + 1, vocab, dtype=torch.bfloat16)[:, :-1].requires_grad_(True)]
+            h = torch.randn(1, tokens, hidden).bfloat16().to(device).requires_grad_(True)
+            w = (torch.randn(vocab, hidden) * (4 / hidden ** 0.5)).bfloat16().to(device).requires_grad_(True)  # logits ~ N(0, 16)
+            return targets.to(device), [h, w]
+        logits = torch.randn(1, tokens + 1, vocab, dtype=torch.bfloat16).to(device)[:, :-1]
+        return targets.to(device), [logits.requires_grad_(True)]
 
     def forward(targets, leaves):
         if which == "fused":
             return logprobs.hidden_logprobs_and_entropy(*leaves, targets, **chunk)
-        logits = _HeadLinear.apply(*leaves) if hidden else leaves[0]
+        logits = (torch.nn.functional.linear(*leaves) if cuda else _HeadLinear.apply(*leaves)) if hidden else leaves[0]
         if which == "naive":
             logsm = torch.log_softmax(logits.float(), dim=-1)
             logp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
@@ -173,19 +176,26 @@ def _peak_probe(which, vocab, tokens, chunk_elements, repeats, hidden=0):
         return logprobs.token_logprobs_and_entropy(logits, targets, **chunk)
 
     def hwm_bytes():
+        if cuda:
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated()
         return 1024 * int(re.search(r"VmHWM:\s+(\d+)", open("/proc/self/status").read()).group(1))
 
     forward(*inputs(4, 64))[0].sum().backward()  # first calls page in code and GEMM buffers: not the path's memory
     targets, leaves = inputs(tokens, vocab)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the peak to the current RSS
-    base = hwm_bytes()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak to the current RSS
+    base = torch.cuda.memory_allocated() if cuda else hwm_bytes()
     start = time.perf_counter()
     logp, _ = forward(targets, leaves)
     forward_peak = hwm_bytes() - base
     logp.sum().backward()
+    total_peak = hwm_bytes() - base  # synchronises on CUDA, so the time below is the work's
     times = [time.perf_counter() - start]
-    total_peak = hwm_bytes() - base
     grads_bytes = sum(x.grad.numel() * x.grad.element_size() for x in leaves)
     del logp
 
@@ -194,30 +204,36 @@ def _peak_probe(which, vocab, tokens, chunk_elements, repeats, hidden=0):
             x.grad = None
         start = time.perf_counter()
         forward(targets, leaves)[0].sum().backward()
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return {"forward_peak_bytes": forward_peak, "total_peak_bytes": total_peak, "grads_bytes": grads_bytes,
             "logits_bytes": tokens * vocab * 2, "seconds": statistics.median(times), "runs_s": times}
 
 
-def logprob_peak(which, vocab=151936, tokens=4096, chunk_elements=None, repeats=3, hidden=0):
+def logprob_peak(which, vocab=151936, tokens=4096, chunk_elements=None, repeats=3, hidden=0, device="cpu"):
     """_peak_probe in a fresh process, with a fixed glibc mmap threshold so that freed buffers go back to
     the OS at once and the peak counts what the code allocates, not what the allocator caches.
     chunk_elements None: the kernel's default."""
     code = (f"import bench, json; print(json.dumps(bench._peak_probe({which!r}, {vocab}, {tokens}, {chunk_elements}, "
-            f"{repeats}, {hidden})))")
+            f"{repeats}, {hidden}, {device!r})))")
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=HERE, env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=HERE, env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"the {which} probe failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def bench_logprobs(vocab=151936, hidden=1536, tokens=4096, repeats=1):
+def bench_logprobs(vocab=151936, hidden=1536, tokens=4096, repeats=1, device="cpu"):
     """The three paths at the 1.5B head's shape (repeats: timed runs beyond the measured one), and the arithmetic of
     what the chunked and the fused path hold for one 16,384-token sequence."""
     import logprobs
     start = time.perf_counter()
-    runs = {name: logprob_peak(name, vocab, tokens, repeats=repeats, hidden=hidden) for name in ("naive", "chunked", "fused")}
+    repeats = repeats if device == "cpu" else max(repeats, 3)  # seconds on a GPU: a few more runs cost nothing
+    runs = {name: logprob_peak(name, vocab, tokens, repeats=repeats, hidden=hidden, device=device)
+            for name in ("naive", "chunked", "fused")}
     mib, gib = 2**20, 2**30
-    out = {"shape": f"hidden {hidden}, vocab {vocab}, {tokens} tokens; bf16 hidden states and weight, bf16 gradients",
+    out = {"shape": f"hidden {hidden}, vocab {vocab}, {tokens} tokens; bf16 hidden states and weight, bf16 gradients; {device}",
            "grads_mib": runs["fused"]["grads_bytes"] / mib, "logits_mib": runs["fused"]["logits_bytes"] / mib}
     for name, r in runs.items():
         out[f"{name}_fwd_peak_mib"] = r["forward_peak_bytes"] / mib
@@ -232,10 +248,80 @@ def bench_logprobs(vocab=151936, hidden=1536, tokens=4096, repeats=1):
     # one 16,384-token sequence: chunked holds the bf16 logits and their bf16 gradient, plus two fp32 chunk buffers;
     # fused holds two fp32 tiles, the fp32 [tokens, hidden] operand and accumulator, and two [vocab block, hidden] ones
     seq = 16384
-    rows, block = logprobs._tile(seq, vocab, logprobs.DEFAULT_TILE["cpu"], False)
+    rows, block = logprobs._tile(seq, vocab, logprobs.DEFAULT_TILE.get(device, logprobs.DEFAULT_TILE_OTHER), False)
     out["seq16k_chunked_gib"] = (2 * seq * vocab * 2 + 2 * 2**25 * 4) / gib
     out["seq16k_fused_mib"] = (2 * rows * block * 4 + 2 * seq * hidden * 4 + 2 * block * hidden * 4) / mib
     out["section_s"] = time.perf_counter() - start
+    return out
+
+
+# --- update memory (GPU) -----------------------------------------------------------------------
+# One optimizer step of train.update_policy at the 1.5B preset's model shape (Qwen2.5-1.5B: hidden 1,536, 28 layers,
+# 12 / 2 heads, MLP 8,960, vocabulary 151,936, untied head; random weights, since nothing is downloaded), bf16 autocast
+# over fp32 master weights, AdamW, gradient checkpointing, one mini-batch of two sequences of `prompt_tokens` +
+# `response_tokens` (advantages +1 and -1), micro-batch 1: the peak GPU memory with full logits and with the fused
+# log-probs, each in a fresh process. Weights, gradients and AdamW's two moments are 16 bytes per parameter (~28 GiB).
+
+QWEN25_1P5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                   num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=False, max_position_embeddings=32768)
+
+
+def _update_probe(fused, response_tokens, prompt_tokens):
+    import train
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**QWEN25_1P5B), dtype=torch.float32).to(device)
+    model.gradient_checkpointing_enable()
+    model.train()
+    args = train.resolve("r1-distill-1.5b", {"micro_batch_size": 1})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    policy = train.make_policy(args, model, optimizer, pad_id=0, device=device, fused=fused)
+    seqs = [{"prompt_ids": torch.randint(1, 151936, (prompt_tokens,)).tolist(),
+             "response_ids": torch.randint(1, 151936, (response_tokens,)).tolist(), "advantage": a, "correct": a > 0}
+            for a in (1.0, -1.0)]
+    backward_peaks, step = [], optimizer.step
+
+    def step_recording_peak(*a, **k):  # the forward/backward's peak, apart from AdamW's own (foreach temporaries)
+        backward_peaks.append(torch.cuda.max_memory_allocated())
+        torch.cuda.reset_peak_memory_stats()
+        return step(*a, **k)
+    optimizer.step = step_recording_peak
+    torch.cuda.synchronize()
+    static = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    metrics = train.update_policy(policy, [seqs], args.loss)
+    torch.cuda.synchronize()
+    params = sum(p.numel() for p in model.parameters())
+    return {"seconds": time.perf_counter() - start, "backward_peak_bytes": backward_peaks[0],
+            "step_peak_bytes": torch.cuda.max_memory_allocated(), "weights_bytes": static, "params": params,
+            "finite": math.isfinite(metrics["grad_norm"])}
+
+
+def bench_update_memory(response_tokens=16384, prompt_tokens=512):
+    """Needs a CUDA GPU (~45 GiB at the defaults with full logits); elsewhere it reports why it did not run."""
+    if not torch.cuda.is_available():
+        return {"skipped": "needs a CUDA GPU (the 1.5B shape's update does not fit a laptop's time)"}
+    gib, out = 2**30, {"shape": f"Qwen2.5-1.5B shape, 2 x ({prompt_tokens} prompt + {response_tokens} response) tokens, "
+                                f"micro-batch 1, bf16 autocast, gradient checkpointing, AdamW",
+                       "gpu": torch.cuda.get_device_name()}
+    for name, fused in (("full_logits", False), ("fused", True)):
+        code = (f"import bench, json; print(json.dumps(bench._update_probe({fused}, {response_tokens}, {prompt_tokens})))")
+        r = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True)
+        if r.returncode:
+            out[f"{name}_error"] = (r.stderr.strip().splitlines() or ["?"])[-1][:300]
+            continue
+        r = json.loads(r.stdout.strip().splitlines()[-1])
+        out[f"{name}_fwd_bwd_peak_gib"] = r["backward_peak_bytes"] / gib
+        out[f"{name}_fwd_bwd_beyond_weights_gib"] = (r["backward_peak_bytes"] - r["weights_bytes"]) / gib
+        out[f"{name}_optimizer_step_peak_gib"] = r["step_peak_bytes"] / gib
+        out[f"{name}_s"] = r["seconds"]
+        out[f"{name}_grad_finite"] = r["finite"]
+        out["params"] = r["params"]
+        out["weights_gib"] = r["weights_bytes"] / gib
+    if "full_logits_s" in out and "fused_s" in out:
+        out["fwd_bwd_saved_gib"] = out["full_logits_fwd_bwd_peak_gib"] - out["fused_fwd_bwd_peak_gib"]
     return out
 
 
@@ -596,7 +682,7 @@ def bench_step_long(tokens=256, **shape):
 
 
 SECTIONS = {"loss": bench_loss, "logprobs": bench_logprobs, "reward": bench_reward, "rollout": bench_rollout,
-            "step": bench_step, "step_long": bench_step_long}
+            "step": bench_step, "step_long": bench_step_long, "update_memory": bench_update_memory}
 
 
 def cpu_model():
@@ -617,6 +703,9 @@ def main():
     parser.add_argument("--step-max-tokens", type=int, default=48, help="step: max response tokens")
     parser.add_argument("--step-micro-batch", type=int, default=32, help="step: sequences per forward/backward")
     parser.add_argument("--step-long-tokens", type=int, default=256, help="step_long: every response this long")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="logprobs: where the three paths run")
+    parser.add_argument("--logprobs-tokens", type=int, default=4096, help="logprobs: response tokens through the head")
+    parser.add_argument("--update-response-tokens", type=int, default=16384, help="update_memory: tokens per response")
     parser.add_argument("--_trl-worker", default=None, help=argparse.SUPPRESS)  # internal: the TRL side of `step`
     args = parser.parse_args()
     if args._trl_worker:
@@ -631,7 +720,7 @@ def main():
         parser.error(f"unknown section(s) {unknown}; choose from {list(SECTIONS)}")
     results = {
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads()},
+                    "threads": torch.get_num_threads(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
     }
     for name in names:
         kwargs = {}
@@ -639,6 +728,10 @@ def main():
             kwargs = dict(steps=args.step_steps, repeats=args.step_repeats, model=args.step_model, prompts=args.step_prompts,
                           micro_batch=args.step_micro_batch)
             kwargs.update(max_tokens=args.step_max_tokens) if name == "step" else kwargs.update(tokens=args.step_long_tokens)
+        elif name == "logprobs":
+            kwargs = dict(device=args.device, tokens=args.logprobs_tokens)
+        elif name == "update_memory":
+            kwargs = dict(response_tokens=args.update_response_tokens)
         results[name] = SECTIONS[name](**kwargs)
         print(f"\n## {name}")
         for key, value in results[name].items():

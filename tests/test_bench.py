@@ -64,3 +64,16 @@ def test_ours_steps_times_a_real_run(tiny_model_path, tmp_path):
     r = records[0]
     assert r["s"] > 0 and r["response_len"] > 0
     assert r["sample_s"] + r["score_s"] + r["update_s"] <= r["s"] + 0.01
+
+
+def test_update_memory_says_why_it_did_not_run_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
+    assert "needs a CUDA GPU" in bench.bench_update_memory()["skipped"]
+
+
+def test_logprob_probe_on_cpu_reports_peaks_and_times():
+    # the probe's bookkeeping at a toy shape: the fused path holds less than the full-logits one
+    naive = bench._peak_probe("naive", 2000, 64, None, 1, 32)
+    fused = bench._peak_probe("fused", 2000, 64, None, 1, 32)
+    assert len(naive["runs_s"]) == 2 and naive["grads_bytes"] == fused["grads_bytes"] == (64 * 32 + 2000 * 32) * 2
+    assert fused["total_peak_bytes"] < naive["total_peak_bytes"]

@@ -56,7 +56,7 @@ def run_model(model, batch, fused, temperature=0.7, autocast_dtype=None, seed=1)
     logp, entropy = LP.model_logprobs(model, ids, attention, positions, response, temperature=temperature,
                                       autocast_dtype=autocast_dtype, fused=fused)
     g = torch.Generator().manual_seed(seed)
-    a, c = torch.randn(logp.shape, generator=g), torch.randn(logp.shape, generator=g)
+    a, c = (torch.randn(logp.shape, generator=g).to(logp.device) for _ in range(2))
     ((a * logp + 0.5 * c * entropy) * mask).sum().backward()
     return logp.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 

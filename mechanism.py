@@ -196,6 +196,8 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
     import rollout
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import transformers
+    transformers.utils.logging.disable_progress_bar()
     base = train.parse_args(["--preset", preset])
     torch.manual_seed(base.seed)
     model_path = train.resolve_model(base.model)
@@ -237,7 +239,8 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
         for name, args in config_args.items():
             model.load_state_dict(start_model)
             optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-            optimizer.load_state_dict(start_optimizer)
+            optimizer.load_state_dict(copy.deepcopy(start_optimizer))  # load_state_dict keeps the tensors: a step
+            # would update the start's Adam moments in place, and the next config would start elsewhere
             policy = train.make_policy(args, model, optimizer, pad_id, device)
             recorder = Recorder(policy, args.loss)
             mini = train.make_mini_batches(kept, groups, advantages, correct, args)
@@ -257,8 +260,10 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
         print(f"[mechanism] batch {b + 1}/{batches} ({time.time() - t0:.0f}s): kept {len(kept)} groups; dH ppo "
               f"{ppo.get('dH', math.nan):+.5f}; " + ", ".join(f"{k} {v['dH'] - ppo.get('dH', 0):+.5f}"
                                                          for k, v in record["configs"].items() if k != "ppo_clip"), flush=True)
+    import bench
     return summarise(records, configs), records, {"h0_probe": h0_probe, "h0_fresh": h0_fresh, "checkpoint": checkpoint,
-                                                  "seconds": time.time() - t0}
+                                                  "seconds": time.time() - t0, "sampler": type(sampler).__name__,
+                                                  "cpu": f"{bench.cpu_model()}, {torch.get_num_threads()} threads"}
 
 
 def summarise(records, configs):

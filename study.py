@@ -3,6 +3,7 @@
     python study.py --preset tiny --steps 50                     # the original CPU study on the arithmetic task
     python study.py --preset <task preset> --steps 150           # the study on the longer-response task (README)
     python study.py --preset tiny --plot-only
+    python study.py --preset sums --steps 150 --parallel 18        # a machine with many cores (or a GPU): runs at once
 
 Runs go to runs/study/<preset>/<config>-s<seed>/ and keep checkpoints, so an interrupted study resumes: a finished
 run is skipped, an unfinished one continues from its last checkpoint (train.py --resume), exactly. Figures and the
@@ -10,6 +11,7 @@ table go to docs/figures/study-<preset>/ (see docs/cpu-reproduction.md).
 """
 
 import argparse
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -34,7 +36,7 @@ CONFIGS = {
 DEFAULT = "grpo,dapo,gppo,ce_gppo_0.5_1,ce_gppo_0.75_1,ce_gppo_1_0.5,ce_gppo_0_1,ce_gppo_0.5_1_dyn_id"
 
 
-def run_one(preset, name, seed, steps, out, extra):
+def run_one(preset, name, seed, steps, out, extra, threads=None):
     """Train one configuration and seed to `steps`, resuming it if a checkpoint exists; returns seconds taken."""
     import runfolder as RF
     done = RF.read_jsonl(os.path.join(out, "metrics.jsonl"))
@@ -47,10 +49,11 @@ def run_one(preset, name, seed, steps, out, extra):
         flags.append("--resume")  # from its last checkpoint, or from step 0 if it died before the first
     start = time.time()
     print(f"[study] {name} seed {seed} ...", flush=True)
-    run = subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *flags], cwd=HERE,
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    run = subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *flags], cwd=HERE, env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if run.returncode:
-        sys.exit(f"[study] {name} seed {seed} failed:\n{run.stderr[-3000:]}")
+        raise RuntimeError(f"[study] {name} seed {seed} failed:\n{run.stderr[-3000:]}")
     print(f"[study] {name} seed {seed}: {time.time() - start:.0f}s", flush=True)
     return time.time() - start
 
@@ -66,6 +69,7 @@ def main():
     parser.add_argument("--figures", default=None, help="where figures and the table go (default: docs/figures/study-<preset>)")
     parser.add_argument("--plot-only", action="store_true", help="only redraw from existing runs")
     parser.add_argument("--no-plot", action="store_true", help="only run, do not draw")
+    parser.add_argument("--parallel", type=int, default=1, help="runs at once (each gets cores / parallel threads)")
     args = parser.parse_args()
     names = [c for c in args.configs.split(",") if c]
     unknown = [c for c in names if c not in CONFIGS]
@@ -76,10 +80,17 @@ def main():
     figures = args.figures or os.path.join(HERE, "docs", "figures", f"study-{args.preset}")
     extra = ["--eval-every", str(args.eval_every or args.steps)]
     start = time.time()
+    if args.parallel < 1:
+        parser.error("--parallel must be >= 1")
     if not args.plot_only:
-        for seed in seeds:  # seed-major: an interrupted study has whole seeds of every config first
-            for name in names:
-                run_one(args.preset, name, seed, args.steps, os.path.join(root, f"{name}-s{seed}"), extra)
+        jobs = [(name, seed) for seed in seeds for name in names]  # seed-major: an interrupted study has whole seeds first
+        threads = max(1, (os.cpu_count() or 1) // args.parallel) if args.parallel > 1 else None
+        with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+            futures = [pool.submit(run_one, args.preset, name, seed, args.steps, os.path.join(root, f"{name}-s{seed}"),
+                                   extra, threads) for name, seed in jobs]
+            failed = [str(f.exception()) for f in futures if f.exception()]
+        if failed:
+            sys.exit("\n".join(failed))
     if args.no_plot:
         return
     import plot

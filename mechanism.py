@@ -104,6 +104,17 @@ def pearson(xs, ys):
 
 # --- per-token bookkeeping during the update ---------------------------------------------------------
 
+def entropy_sensitivity(logpi, targets):
+    """kappa(a) = pi_a (log pi_a + H) - sum_b pi_b^2 (log pi_b + H) per position (see the module docstring: a step
+    with weight g on log pi(a) changes the entropy by eta * g * kappa to first order), with log pi_a and H.
+    logpi [..., V] log-softmax, targets [...]."""
+    pi = logpi.exp()
+    H = -(pi * logpi).sum(-1)
+    logpi_a = logpi.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    kappa = logpi_a.exp() * (logpi_a + H) - (pi ** 2 * (logpi + H.unsqueeze(-1))).sum(-1)
+    return kappa, logpi_a, H
+
+
 class Recorder:
     """train.update_policy's observe hook: per clipped region and probability class, token counts and the
     first-order entropy change g * kappa (see the module docstring)."""
@@ -123,11 +134,7 @@ class Recorder:
         logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
                        logits_to_keep=R + 1, use_cache=False).logits[:, :-1].float() / self.policy.temperature
         logpi = logits.log_softmax(-1)
-        pi = logpi.exp()
-        H = -(pi * logpi).sum(-1)
-        a = mb["response_ids"].unsqueeze(-1)
-        pi_a, logpi_a = pi.gather(-1, a).squeeze(-1), logpi.gather(-1, a).squeeze(-1)
-        kappa = pi_a * (logpi_a + H) - (pi ** 2 * (logpi + H.unsqueeze(-1))).sum(-1)
+        kappa, logpi_a, H = entropy_sensitivity(logpi, mb["response_ids"])
         g = logp.grad  # d loss / d log pi(y_t)
         d = torch.exp((logp.detach() - mb["old_logp"]).clamp(-L.LOG_RATIO_CLAMP, L.LOG_RATIO_CLAMP))
         adv = mb["advantages"].expand_as(d)

@@ -1,0 +1,60 @@
+"""mechanism.py: the first-order entropy prediction against a real gradient step on a softmax, the interval
+statistics, and a short paired run that reproduces itself with its sanity lines at exactly 0."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import mechanism as M
+from conftest import ROOT
+
+
+@pytest.mark.parametrize("target", ["likely", "unlikely"])
+@pytest.mark.parametrize("g", [1.0, -1.0])  # A < 0 pushes the token down (g > 0), A > 0 lifts it
+def test_first_order_entropy_change_matches_a_small_step(target, g):
+    torch.manual_seed(0)
+    z = (torch.randn(50, dtype=torch.float64) * 2).requires_grad_(True)
+    a = int(z.argmax()) if target == "likely" else int(z.argmin())
+
+    def entropy(z):
+        logpi = z.log_softmax(-1)
+        return -(logpi.exp() * logpi).sum()
+
+    (g * z.log_softmax(-1)[a]).backward()  # loss whose gradient w.r.t. log pi(a) is g
+    eta = 1e-4
+    measured = entropy(z.detach() - eta * z.grad) - entropy(z.detach())
+    kappa, logpi_a, H = M.entropy_sensitivity(z.detach().log_softmax(-1), torch.tensor(a))
+    assert measured.item() == pytest.approx(eta * g * kappa.item(), rel=1e-3)
+    # the sign rule the docs rely on: pushing down (g > 0) an unlikely token lowers entropy, a likely one raises it
+    low = (-logpi_a > H).item()
+    assert (kappa.item() < 0) == low and (target == "unlikely") == low
+
+
+def test_interval_statistics():
+    assert M.t_quantile(0.975, 29) == pytest.approx(2.0452, abs=1e-3)
+    assert M.t_quantile(0.975, 2) == pytest.approx(4.3027, abs=1e-3)
+    mean, (lo, hi) = M.mean_ci([1.0, 2.0, 3.0])
+    assert mean == 2.0 and hi - mean == pytest.approx(4.3027 * 1.0 / math.sqrt(3), abs=1e-3) and lo == pytest.approx(4 - hi)
+    assert M.pearson([1, 2, 3], [2, 4, 7]) == pytest.approx(0.9934, abs=1e-4)
+
+
+def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
+    outputs = []
+    for i in range(2):
+        out = tmp_path / f"run{i}.json"
+        done = subprocess.run([sys.executable, "mechanism.py", "--preset", "tiny", "--batches", "2", "--probe-prompts", "4",
+                               "--fresh-prompts", "4", "--configs", "ppo_clip,ppo_clip_repeat,ce_gppo_1_1,gppo",
+                               "--output", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "ppo_clip_repeat - ppo_clip = 0.0 (must be 0); gppo - ce_gppo_1_1 = 0.0 (must be 0)" in done.stdout
+        outputs.append(json.loads(out.read_text()))
+        assert (tmp_path / f"run{i}.png").exists()
+    first, second = outputs
+    assert first["records"] == second["records"]  # the seeds fix every sample and step
+    result = first["ppo_clip_repeat"]
+    assert result["n"] == 2 and result["dH_vs_ppo_mean"] == 0.0 and result["dH_vs_ppo_ci95"] == [0.0, 0.0]
+    assert set(first["gppo"]) >= {"dH_mean", "dH_vs_ppo_mean", "dH_vs_ppo_ci95", "n"}

@@ -11,7 +11,8 @@ Sections so far:
   logprobs  the 1.5B preset's LM head (hidden 1,536, vocabulary 151,936) over 4,096 tokens in bf16, forward+backward,
             each in a fresh process: full logits + naive fp32 log_softmax, full logits + logprobs' chunked kernel, and
             logprobs' fused kernel (no full logits): peak extra memory (target fused <= 5% of chunked) and time (target
-            <= 1.2x); about 18 min on 2 (shared) CPU cores
+            <= 1.2x); about 18 min on 2 AMD EPYC cores. --device cuda: the same on a GPU (allocator peaks), in seconds;
+            --logprobs-tokens 16384 for the length of the paper's responses
   reward    reward.RewardPool with 2 workers (default deadline): pairs/s on ordinary answers (integers, target
             >= 2,500; and the benchmark gold answers, LaTeX included), and the wall time of 400 ordinary plus 4
             hang-prone pairs (target about ceil(4 / 2) x deadline)
@@ -22,6 +23,9 @@ Sections so far:
             vLLM against TRL on HF generate (target >= 2x); alternating runs, the first step of each dropped.
             Needs requirements-bench.txt for the TRL side; without it, ours only. On a GPU TRL also runs on its
             vLLM colocate mode, and --step-model/--step-prompts/--step-max-tokens set a larger shape.
+  step_long the same step with every response exactly --step-long-tokens (256) long on both sides: rollout-bound
+  update_memory  (GPU only) one train.update_policy step at the 1.5B model's shape, random weights, 2 x 16,384-token
+            responses: peak memory with full logits against the fused log-probs, each in a fresh process
 """
 
 import argparse

@@ -148,7 +148,7 @@ class Recorder:
             self.counts[name] += (region & mask).sum().item()
             self.predicted[name] += change[region & mask].sum().item()
         if self.cfg.entropy_coef:  # the bonus moves logits along dH/dz = -pi (log pi + H), weight coef / tokens
-            grad_h = -pi * (logpi + H.unsqueeze(-1))
+            grad_h = -logpi.exp() * (logpi + H.unsqueeze(-1))
             tokens = float(totals.tokens) if totals.tokens is not None else mask.sum().item()
             self.predicted["entropy_bonus"] += self.cfg.entropy_coef / tokens * (grad_h ** 2).sum(-1)[mask].sum().item()
 

@@ -47,7 +47,7 @@ def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
     for i in range(2):
         out = tmp_path / f"run{i}.json"
         done = subprocess.run([sys.executable, "mechanism.py", "--preset", "tiny", "--batches", "2", "--probe-prompts", "4",
-                               "--fresh-prompts", "4", "--configs", "ppo_clip,ppo_clip_repeat,ce_gppo_1_1,gppo",
+                               "--fresh-prompts", "4", "--configs", "ppo_clip,ppo_clip_repeat,ce_gppo_1_1,gppo,entropy_0.003",
                                "--output", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "ppo_clip_repeat - ppo_clip = 0.0 (must be 0); gppo - ce_gppo_1_1 = 0.0 (must be 0)" in done.stdout

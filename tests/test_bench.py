@@ -73,7 +73,7 @@ def test_update_memory_says_why_it_did_not_run_without_a_gpu(monkeypatch):
 
 def test_logprob_probe_on_cpu_reports_peaks_and_times():
     # the probe's bookkeeping at a toy shape: the fused path holds less than the full-logits one
-    naive = bench._peak_probe("naive", 2000, 64, None, 1, 32)
-    fused = bench._peak_probe("fused", 2000, 64, None, 1, 32)
+    naive = bench.logprob_peak("naive", vocab=2000, tokens=64, repeats=1, hidden=32)  # fresh processes: in this one,
+    fused = bench.logprob_peak("fused", vocab=2000, tokens=64, repeats=1, hidden=32)  # freed heap would hide the peaks
     assert len(naive["runs_s"]) == 2 and naive["grads_bytes"] == fused["grads_bytes"] == (64 * 32 + 2000 * 32) * 2
     assert fused["total_peak_bytes"] < naive["total_peak_bytes"]

@@ -268,7 +268,7 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
               f"{ppo.get('dH', math.nan):+.5f}; " + ", ".join(f"{k} {v['dH'] - ppo.get('dH', 0):+.5f}"
                                                          for k, v in record["configs"].items() if k != "ppo_clip"), flush=True)
     import bench
-    return summarise(records, configs), records, {"h0_probe": h0_probe, "h0_fresh": h0_fresh, "checkpoint": checkpoint,
+    return summarise(records, configs), records, {"h0_probe": h0_probe, "h0_fresh": h0_fresh, "checkpoint": checkpoint and os.path.relpath(checkpoint, HERE),
                                                   "seconds": time.time() - t0, "sampler": type(sampler).__name__,
                                                   "cpu": f"{bench.cpu_model()}, {torch.get_num_threads()} threads"}
 

@@ -267,7 +267,7 @@ def main(args: Args):
         run.log("\n".join(plot.run_summary(RF.read_jsonl(run.metrics_path), args.output_dir, final)))
     if D.world_size() > 1:
         run.sampler.close()  # vLLM's teardown destroys its groups, and with external_launcher the default one too
-        D.shutdown()
+        D.end_process()  # does not return: see there why a rank must not exit through the interpreter
 
 
 @dataclass

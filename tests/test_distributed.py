@@ -47,8 +47,7 @@ metrics = train.update_policy(train.make_policy(args, model, optimizer, 0, devic
 full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 if D.is_main():
     torch.save({{"params": full, "metrics": metrics}}, {out!r})
-if world > 1:
-    torch.distributed.destroy_process_group()
+D.end_process()
 '''
 
 
@@ -156,6 +155,7 @@ engine.load_weights(D.full_named_parameters(model))
 with open({out!r} + str(rank), "w") as f:
     json.dump({{"want": want, "stale": stale, "synced": greedy(engine)}}, f)
 engine.close()
+D.end_process()
 '''
 
 

@@ -19,7 +19,7 @@ def write(path, text, mode="w"):
 
 
 def cases(tmp):
-    """(name, argv, expected text in the message): argv starts with the script."""
+    """-> (train.py cases to run in-process, cases to run as processes), each (name, argv, expected text in the message); argv starts with the script."""
     good = write(tmp / "good.jsonl", '{"problem": "Compute 1 + 2 + 3.", "answer": 6}\n' * 3)
     malformed = write(tmp / "malformed.jsonl", "".join(json.dumps({"problem": f"p{i}", "answer": i}) + "\n" for i in range(4))
                       + '{"problem": "p5", "answer": 5\n')
@@ -35,8 +35,7 @@ def cases(tmp):
     (tmp / "data").mkdir()  # a folder that is not a model
     t = ["train.py", "--output-dir", str(tmp / "run"), "--max-steps", "1"]
     e = ["evaluate.py", "--model", "tiny", "--benchmarks", good, "--output", str(tmp / "out.json")]
-    return [
-        # train.py: flags
+    in_process = [  # train.py through train.run in this process: flags, data files, model, output folder
         ("lr negative", t + ["--lr", "-1e-4"], "--lr must be > 0 and at most 1 (an AdamW step moves a weight by about lr), got -0.0001"),
         ("lr inf", t + ["--lr", "inf"], "--lr must be > 0 and at most 1"),
         ("lr nan", t + ["--lr", "nan"], "--lr must be > 0 and at most 1 (an AdamW step moves a weight by about lr), got nan"),
@@ -75,6 +74,12 @@ def cases(tmp):
         ("folder without config", t + ["--model", str(tmp / "data")], "the folder has no config.json"),
         ("output under a file", ["train.py", "--output-dir", os.path.join(a_file, "run")], "cannot write there"),
         ("prompt too long", t + ["--max-prompt-len", "5"], "--max-prompt-len 5: the longest prompt"),
+    ]
+    return in_process, [
+        # train.py through the process: the command line itself
+        ("lr nan", t + ["--lr", "nan"], "--lr must be > 0 and at most 1 (an AdamW step moves a weight by about lr), got nan"),
+        ("lr not a number", t + ["--lr", "fast"], "--lr: invalid float value: 'fast'"),
+        ("unknown flag", t + ["--learning-rate", "1"], "unrecognized arguments: --learning-rate 1"),
         # evaluate.py
         ("limit -1", e + ["--limit", "-1"], "--limit must be >= 1, got -1"),
         ("limit 0", e + ["--limit", "0"], "--limit must be >= 1, got 0"),
@@ -95,18 +100,35 @@ def run(argv):
     return done.returncode, done.stderr
 
 
-def test_bad_input_is_one_line_and_exit_code_2(tmp_path, tiny_model_path):
-    table = cases(tmp_path)
+def run_train_in_process(argv, capsys):
+    """train.run, the function behind `python train.py`: (exit code, stderr); an exception escaping it is a failure."""
+    import traceback
+    import train
+    try:
+        train.run(argv[1:])
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except Exception:
+        return "raised", traceback.format_exc()
+    return code, capsys.readouterr().err
+
+
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, tiny_model_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    in_process, others = cases(tmp_path)
+    results = [run_train_in_process(argv, capsys) for _, argv, _ in in_process]  # saves ~2 s of imports per case
     with ThreadPoolExecutor(max_workers=3) as pool:  # ~2 s of imports each; 2 cores
-        results = list(pool.map(lambda case: run(case[1]), table))
+        results += list(pool.map(lambda case: run(case[1]), others))
     wrong = []
-    for (name, argv, expected), (code, stderr) in zip(table, results):
+    for (name, argv, expected), (code, stderr) in zip(in_process + others, results, strict=True):
         lines = [line for line in stderr.splitlines() if line.strip()]
         error_lines = [line for line in lines if "error" in line]
         if code != 2 or "Traceback" in stderr or len(error_lines) != 1 or expected not in error_lines[0]:
             wrong.append(f"{name}: exit {code}, want 2 and one line with {expected!r}; stderr:\n{stderr[-1500:]}")
     assert not wrong, "\n\n".join(wrong)
-    assert len(table) >= 40
+    assert len(in_process) >= 35 and len(others) >= 10
 
 
 def test_errors_come_before_the_model_loads(tmp_path, tiny_model_path):

@@ -23,30 +23,33 @@ from transformers import AutoModelForCausalLM
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 rank, world, device = D.init()
-args = train.parse_args(["--preset", "tiny", "--algo", {algo!r}, "--n", "4", "--mini-batch-prompts", "3",
-                         "--train-prompts", "6", "--gen-prompts", "6", "--micro-batch-size", "2",
-                         "--positive-lm-coef", "0.1", "--grad-clip", "1e9"])
-torch.manual_seed(0)
-model = AutoModelForCausalLM.from_pretrained({model!r}, dtype=torch.float32)
-model = D.shard_model(model, "fp32") if world > 1 else model
-optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-rng = random.Random(0)
-groups = []
-for g in range(6):
-    prompt = [rng.randrange(5, 270) for _ in range(rng.randint(3, 9))]
-    groups.append([{{"prompt_ids": prompt, "response_ids": [rng.randrange(5, 270) for _ in range(rng.randint(1, 12))],
-                    "advantage": rng.gauss(0, 1), "correct": rng.random() < 0.5}} for _ in range(4)])
-mini_batches = [[s for i in range(m, m + 3) if i % world == rank for s in groups[i]] for m in (0, 3)]
 # old log-probs come from the model before the update, as in train.py; make the ratios leave the clip range
 real = train.response_logprobs
 def shifted(policy, mb, grad=False, truncation=False):
     logp, entropy, kept = real(policy, mb, grad=grad, truncation=truncation)
     return (logp + 0.3 * torch.sin(torch.arange(logp.numel()).view_as(logp).float()) if not grad else logp), entropy, kept
 train.response_logprobs = shifted
-metrics = train.update_policy(train.make_policy(args, model, optimizer, 0, device), mini_batches, args.loss)
-full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+results = {{}}
+for algo in {algos!r}:
+    args = train.parse_args(["--preset", "tiny", "--algo", algo, "--n", "4", "--mini-batch-prompts", "3",
+                             "--train-prompts", "6", "--gen-prompts", "6", "--micro-batch-size", "2",
+                             "--positive-lm-coef", "0.1", "--grad-clip", "1e9"])
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained({model!r}, dtype=torch.float32)
+    model = D.shard_model(model, "fp32") if world > 1 else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    rng = random.Random(0)
+    groups = []
+    for g in range(6):
+        prompt = [rng.randrange(5, 270) for _ in range(rng.randint(3, 9))]
+        groups.append([{{"prompt_ids": prompt, "response_ids": [rng.randrange(5, 270) for _ in range(rng.randint(1, 12))],
+                        "advantage": rng.gauss(0, 1), "correct": rng.random() < 0.5}} for _ in range(4)])
+    mini_batches = [[s for i in range(m, m + 3) if i % world == rank for s in groups[i]] for m in (0, 3)]
+    metrics = train.update_policy(train.make_policy(args, model, optimizer, 0, device), mini_batches, args.loss)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    results[algo] = {{"params": full, "metrics": metrics}}
 if D.is_main():
-    torch.save({{"params": full, "metrics": metrics}}, {out!r})
+    torch.save(results, {out!r})
 D.end_process()
 '''
 
@@ -59,10 +62,10 @@ def torchrun(nproc, *argv, timeout=600):
     return out
 
 
-def run_worker(tmp_path, model, algo, world):
-    out = tmp_path / f"{algo}-{world}.pt"
-    script = tmp_path / f"worker-{algo}-{world}.py"
-    script.write_text(WORKER.format(root=ROOT, model=model, algo=algo, out=str(out)))
+def run_worker(tmp_path, model, world):
+    out = tmp_path / f"update-{world}.pt"
+    script = tmp_path / f"worker-{world}.py"
+    script.write_text(WORKER.format(root=ROOT, model=model, algos=ALGOS, out=str(out)))
     if world == 1:
         done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-4000:]
@@ -71,20 +74,26 @@ def run_worker(tmp_path, model, algo, world):
     return torch.load(out, weights_only=False)
 
 
-@pytest.mark.parametrize("algo", ["ce_gppo", "grpo"])  # token-mean and seq-mean-token-mean
-def test_two_ranks_update_like_one_process(tmp_path, tiny_model_path, algo):
-    one, two = run_worker(tmp_path, tiny_model_path, algo, 1), run_worker(tmp_path, tiny_model_path, algo, 2)
+ALGOS = ("ce_gppo", "grpo")  # token-mean and seq-mean-token-mean
+
+
+def test_two_ranks_update_like_one_process(tmp_path, tiny_model_path):
+    ones, twos = run_worker(tmp_path, tiny_model_path, 1), run_worker(tmp_path, tiny_model_path, 2)
     from safetensors.torch import load_file
     start = load_file(os.path.join(tiny_model_path, "model.safetensors"))
-    moved = max((one["params"][k] - start[k]).abs().max().item() for k in start)
-    assert moved > 1e-3  # the update did something
-    for k in start:
-        torch.testing.assert_close(two["params"][k], one["params"][k], rtol=1e-4, atol=2e-6)
-    assert one["metrics"].keys() == two["metrics"].keys()
-    for k, v in one["metrics"].items():
-        assert two["metrics"][k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
-    assert one["metrics"]["clip_frac_high_pos"] + one["metrics"]["clip_frac_low_neg"] > 0  # clipped tokens present
-    assert one["metrics"]["optimizer_steps"] == 2
+    for algo in ALGOS:
+        one, two = ones[algo], twos[algo]
+        moved = max((one["params"][k] - start[k]).abs().max().item() for k in start)
+        assert moved > 1e-3, algo  # the update did something
+        for k in start:
+            torch.testing.assert_close(two["params"][k], one["params"][k], rtol=1e-4, atol=2e-6, msg=lambda m: f"{algo} {k}: {m}")
+        assert one["metrics"].keys() == two["metrics"].keys()
+        for k, v in one["metrics"].items():
+            assert two["metrics"][k] == pytest.approx(v, rel=1e-4, abs=1e-6), (algo, k)
+        assert one["metrics"]["clip_frac_high_pos"] + one["metrics"]["clip_frac_low_neg"] > 0  # clipped tokens present
+        assert one["metrics"]["optimizer_steps"] == 2
+    assert ones["ce_gppo"]["params"].keys() == ones["grpo"]["params"].keys()
+    assert any(not torch.equal(ones["ce_gppo"]["params"][k], ones["grpo"]["params"][k]) for k in start)  # two losses ran
 
 
 def test_two_rank_run_logs_once_and_resumes_on_one_rank(tmp_path, tiny_model_path):

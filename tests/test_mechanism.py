@@ -43,18 +43,25 @@ def test_interval_statistics():
 
 
 def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
-    outputs = []
-    for i in range(2):
+    """Two runs, the second with fewer configs: every config's numbers are a function of the batch and the seeds
+    alone, not of which other configs ran beside it."""
+    outputs, printed = [], []
+    for i, configs in enumerate(("ppo_clip,ppo_clip_repeat,ce_gppo_1_1,gppo,entropy_0.003", "ppo_clip,gppo")):
         out = tmp_path / f"run{i}.json"
         done = subprocess.run([sys.executable, "mechanism.py", "--preset", "tiny", "--batches", "2", "--probe-prompts", "4",
-                               "--fresh-prompts", "4", "--configs", "ppo_clip,ppo_clip_repeat,ce_gppo_1_1,gppo,entropy_0.003",
-                               "--output", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                               "--fresh-prompts", "4", "--configs", configs, "--output", str(out)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
-        assert "ppo_clip_repeat - ppo_clip = 0.0 (must be 0); gppo - ce_gppo_1_1 = 0.0 (must be 0)" in done.stdout
         outputs.append(json.loads(out.read_text()))
+        printed.append(done.stdout)
         assert (tmp_path / f"run{i}.png").exists()
     first, second = outputs
-    assert first["records"] == second["records"]  # the seeds fix every sample and step
+    assert "ppo_clip_repeat - ppo_clip = 0.0 (must be 0); gppo - ce_gppo_1_1 = 0.0 (must be 0)" in printed[0]
+    assert first["sanity"] == {"ppo_clip_repeat_minus_ppo_clip_max_abs": 0.0, "gppo_minus_ce_gppo_1_1_max_abs": 0.0}
+    for a, b in zip(first["records"], second["records"], strict=True):  # the seeds fix every sample and step
+        assert (a["kept_groups"], a["response_length"]) == (b["kept_groups"], b["response_length"])
+        assert a["configs"]["ppo_clip"] == b["configs"]["ppo_clip"] and a["configs"]["gppo"] == b["configs"]["gppo"]
     result = first["ppo_clip_repeat"]
     assert result["n"] == 2 and result["dH_vs_ppo_mean"] == 0.0 and result["dH_vs_ppo_ci95"] == [0.0, 0.0]
     assert set(first["gppo"]) >= {"dH_mean", "dH_vs_ppo_mean", "dH_vs_ppo_ci95", "n"}
+    assert first["entropy_0.003"]["predicted_by_region_mean"]["entropy_bonus"] != 0.0  # the bonus path ran

@@ -31,9 +31,16 @@ def same_parameters(a, b):
         torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6)
 
 
-def test_killed_runs_resume_to_the_parameters_of_an_uninterrupted_run(tmp_path, tiny_model_path):
-    train(tmp_path / "straight")
-    want, want_rows = final_state(tmp_path / "straight"), read_metrics(tmp_path / "straight")
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_model_path):
+    """An uninterrupted 3-step run (checkpoints at steps 2 and 3); tests copy it before changing anything."""
+    path = tmp_path_factory.mktemp("finished") / "run"
+    train(path)
+    return path
+
+
+def test_killed_runs_resume_to_the_parameters_of_an_uninterrupted_run(tmp_path, finished_run):
+    want, want_rows = final_state(finished_run), read_metrics(finished_run)
     assert [r["step"] for r in want_rows] == [1, 2, 3]
     # kill -9 (SIGKILL: exit -9) while sampling step 3, inside step 3's update, and inside the first checkpoint's write
     for point in ("sampling:3", "update:3", "checkpoint:2"):
@@ -82,17 +89,18 @@ def test_nan_weights_stop_the_run_before_anything_is_saved(tmp_path, monkeypatch
     assert not os.path.exists(tmp_path / "nan" / "metrics.jsonl")  # the step that broke them is not logged either
 
 
-def test_another_runs_checkpoints_are_never_used(tmp_path, tiny_model_path):
-    train(tmp_path, "--max-steps", "2")
+def test_another_runs_checkpoints_are_never_used(tmp_path, finished_run):
+    tmp_path = tmp_path / "run"
+    shutil.copytree(finished_run, tmp_path)
     fresh = train(tmp_path, expect=2)  # a new run refuses a folder with checkpoints
     assert "holds a run (checkpoints): pass --resume" in fresh.stderr
     other = train(tmp_path, "--resume", "--seed", "1", "--lr", "2e-4", expect=2)
     assert "--seed 0 there, 1 now" in other.stderr and "--lr 0.0001 there, 0.0002 now" in other.stderr
-    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]  # untouched
-    longer = train(tmp_path, "--resume", "--max-steps", "3")  # what may change on resume: how long it runs
-    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3] and "resumed from" in longer.stdout
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]  # untouched
+    longer = train(tmp_path, "--resume", "--max-steps", "4")  # what may change on resume: how long it runs
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4] and "resumed from" in longer.stdout
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["flags"]["max_steps"] == 3 and config["flags"]["seed"] == 0
+    assert config["flags"]["max_steps"] == 4 and config["flags"]["seed"] == 0
 
 
 def test_a_full_disk_removes_the_partial_checkpoint_and_keeps_the_last_good_one(tmp_path, monkeypatch, tiny_model_path):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -65,18 +66,18 @@ def test_end_to_end_and_exact_resume(tmp_path, tiny_model_path):
     end = final_state(straight)
     assert max((end[k] - start[k]).abs().max().item() for k in start) > 1e-4
 
-    # 2 steps, a crash after step 3 was logged but before it was checkpointed, then --resume to 4
-    run_train(resumed, "--max-steps", "2", "--save-every", "2")
-    with open(resumed / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({"step": 3, "reward_mean": 0.0}) + "\n")
+    # a crash after step 4 was logged but before it was checkpointed (nor final/ written), then --resume to 4
+    shutil.copytree(straight, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_000004")
+    shutil.rmtree(resumed / "final")
     run_train(resumed, "--max-steps", "4", "--save-every", "2", "--resume")
     assert [r["step"] for r in read_metrics(resumed)] == [1, 2, 3, 4]  # no duplicated rows
     with open(resumed / "metrics.discarded.jsonl") as f:
-        assert [json.loads(line)["step"] for line in f] == [3]  # the orphaned row is kept aside, not lost
+        assert [json.loads(line)["step"] for line in f] == [3, 4]  # the orphaned rows are kept aside, not lost
     again = final_state(resumed)
     for k in end:
         torch.testing.assert_close(again[k], end[k], rtol=1e-5, atol=1e-6)
-    for a, b in zip(rows, read_metrics(resumed)):
+    for a, b in zip(rows, read_metrics(resumed), strict=True):
         assert a["reward_mean"] == b["reward_mean"] and a["entropy"] == pytest.approx(b["entropy"], rel=1e-5)
 
 

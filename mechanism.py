@@ -2,6 +2,10 @@
 
     python mechanism.py --preset tiny --start warm --output docs/figures/mechanism-tiny-warm.json
     python mechanism.py --preset tiny --start midrun --output docs/figures/mechanism-tiny-midrun.json
+    python mechanism.py --preset tiny --batches 2 --gen-prompts 8 --output /tmp/m.json   # train.py flags pass through
+
+Any flag that is not mechanism.py's own is a train.py flag, applied to the sampling and to every config's step (not
+to the training of the mid-run start point, which uses the preset as it is).
 
 For each of N rollout batches: sample once from the start weights (the preset's warm start, or a mid-run RL
 checkpoint that train.py writes with the same preset); then, for every config, from the same start weights and
@@ -199,13 +203,13 @@ def midrun_checkpoint(preset, steps, root):
     return RF.checkpoint_dirs(out)[-1]
 
 
-def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, configs, root):
+def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, configs, root, train_flags=()):
     import rollout
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import transformers
     transformers.utils.logging.disable_progress_bar()
-    base = train.parse_args(["--preset", preset])
+    base = train.parse_args(["--preset", preset, *train_flags])
     torch.manual_seed(base.seed)
     model_path = train.resolve_model(base.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -232,7 +236,7 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
     h0_fresh = mean_entropy(policy0, micro_batches(sample_set(sampler, policy0, tokenizer, fresh_rows, base, fresh_seed, 1), policy0))
     print(f"[mechanism] {preset}, {start} start: probe entropy {h0_probe:.4f}, fresh-sample entropy {h0_fresh:.4f}", flush=True)
 
-    config_args = {name: train.parse_args(["--preset", preset, *CONFIGS[name]]) for name in configs}
+    config_args = {name: train.parse_args(["--preset", preset, *train_flags, *CONFIGS[name]]) for name in configs}
     records = []
     t0 = time.time()
     for b in range(batches):
@@ -346,7 +350,8 @@ def main():
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {list(CONFIGS)}")
     parser.add_argument("--root", default=os.path.join(HERE, "runs", "mechanism"), help="where the mid-run checkpoint goes")
     parser.add_argument("--output", required=True, help="the JSON (a .png of the same name beside it)")
-    args = parser.parse_args()
+    args, train_flags = parser.parse_known_args()  # any other flag is a train.py flag for the paired steps
+    train.parse_args(["--preset", args.preset, *train_flags])  # a bad one ends here, in train.py's words
     configs = [c for c in args.configs.split(",") if c]
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown or "ppo_clip" not in configs:
@@ -354,7 +359,7 @@ def main():
     if args.batches < 2:
         parser.error("--batches must be >= 2 (a confidence interval needs them)")
     summary, records, info = run(args.preset, args.start, args.batches, args.midrun_steps, args.probe_prompts,
-                                 args.fresh_prompts, configs, args.root)
+                                 args.fresh_prompts, configs, args.root, train_flags)
     sanity = {"ppo_clip_repeat_minus_ppo_clip_max_abs": max(abs(r["configs"]["ppo_clip_repeat"]["dH"] - r["configs"]["ppo_clip"]["dH"])
                                                             for r in records) if "ppo_clip_repeat" in configs else None,
               "gppo_minus_ce_gppo_1_1_max_abs": max(abs(r["configs"]["gppo"]["dH"] - r["configs"]["ce_gppo_1_1"]["dH"])
@@ -362,6 +367,7 @@ def main():
     out = {**summary, "settings": {"preset": args.preset, "start": args.start, "batches": args.batches,
                                    "midrun_steps": args.midrun_steps if args.start == "midrun" else None,
                                    "probe_prompts": args.probe_prompts, "fresh_prompts": args.fresh_prompts,
+                                   "train_flags": train_flags,
                                    "flags": {c: CONFIGS[c] for c in configs}, **info},
            "sanity": sanity, "correlation": correlations(records, configs), "records": records}
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)

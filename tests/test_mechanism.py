@@ -49,7 +49,8 @@ def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
     for i, configs in enumerate(("ppo_clip,ppo_clip_repeat,ce_gppo_1_1,gppo,entropy_0.003", "ppo_clip,gppo")):
         out = tmp_path / f"run{i}.json"
         done = subprocess.run([sys.executable, "mechanism.py", "--preset", "tiny", "--batches", "2", "--probe-prompts", "4",
-                               "--fresh-prompts", "4", "--configs", configs, "--output", str(out)],
+                               "--fresh-prompts", "4", "--configs", configs, "--output", str(out),
+                               "--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "4"],  # train.py flags
                               cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         outputs.append(json.loads(out.read_text()))
@@ -61,7 +62,10 @@ def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
     for a, b in zip(first["records"], second["records"], strict=True):  # the seeds fix every sample and step
         assert (a["kept_groups"], a["response_length"]) == (b["kept_groups"], b["response_length"])
         assert a["configs"]["ppo_clip"] == b["configs"]["ppo_clip"] and a["configs"]["gppo"] == b["configs"]["gppo"]
+    assert all(r["kept_groups"] > 0 and r["configs"]["ce_gppo_1_1"]["optimizer_steps"] > 0 for r in first["records"])
+    assert any(r["configs"]["ce_gppo_1_1"]["dH"] != r["configs"]["ppo_clip"]["dH"] for r in first["records"])
     result = first["ppo_clip_repeat"]
     assert result["n"] == 2 and result["dH_vs_ppo_mean"] == 0.0 and result["dH_vs_ppo_ci95"] == [0.0, 0.0]
     assert set(first["gppo"]) >= {"dH_mean", "dH_vs_ppo_mean", "dH_vs_ppo_ci95", "n"}
+    assert first["settings"]["train_flags"] == ["--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "4"]
     assert first["entropy_0.003"]["predicted_by_region_mean"]["entropy_bonus"] != 0.0  # the bonus path ran

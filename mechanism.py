@@ -2,7 +2,7 @@
 
     python mechanism.py --preset tiny --start warm --output docs/figures/mechanism-tiny-warm.json
     python mechanism.py --preset tiny --start midrun --output docs/figures/mechanism-tiny-midrun.json
-    python mechanism.py --preset tiny --batches 2 --gen-prompts 8 --output /tmp/m.json   # train.py flags pass through
+    python mechanism.py --preset tiny --batches 2 --gen-prompts 8 --output quick.json   # train.py flags pass through
 
 Any flag that is not mechanism.py's own is a train.py flag, applied to the sampling and to every config's step (not
 to the training of the mid-run start point, which uses the preset as it is).

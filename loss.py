@@ -51,12 +51,12 @@ Use:
   cfg = loss_config("ce_gppo", beta1=0.5)       # the algorithm's defaults, then your overrides
   loss, metrics = policy_loss(logp, old_logp, advantages, mask, cfg)
   loss.backward()
-To add a method: write its per-token loss function (section 3) and one ALGORITHMS line; a new
-hyperparameter is one LossConfig field (train.py turns it into a flag).
+To add a method: write its per-token loss function (section 3) and one ALGORITHMS entry; a new
+hyperparameter is one LossConfig field with its Rule (train.py turns it into a flag, checked by the rule).
 """
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable, NamedTuple
 
 import torch
@@ -68,23 +68,55 @@ LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: large enough never to bind in practice,
 # 1. The options: one object per call
 # ---------------------------------------------------------------------------------------------
 
+class Rule(NamedTuple):
+    """What values a LossConfig field takes: declared beside the field, checked by config_problems() for every field
+    alike, so a new hyperparameter brings its own check (and train.py its own error line)."""
+    low: float | None = None  # lower bound
+    high: float | None = None  # upper bound (inclusive)
+    low_open: bool = False  # the lower bound excluded: > low instead of >= low
+    choices: str | None = None  # the name of a module-level tuple or dict whose keys are the allowed values
+    integer: bool = False  # whole numbers only
+
+    def text(self) -> str:
+        if self.choices:
+            return f"one of {sorted(globals()[self.choices])}"
+        low = f"{'>' if self.low_open else '>='} {self.low:g}" if self.low is not None else ""
+        if self.high is None:
+            return f"an integer {low}" if self.integer else f"{low} and finite"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]" if low else f"<= {self.high:g}"
+
+    def allows(self, value) -> bool:
+        if self.choices:
+            return value in globals()[self.choices]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
+        if self.integer and not isinstance(value, int):
+            return False
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        return self.high is None or value <= self.high
+
+
+def option(default, rule: Rule):
+    """A LossConfig field with its rule."""
+    return field(default=default, metadata={"rule": rule})
+
+
 @dataclass(frozen=True)
 class LossConfig:
-    """Every hyperparameter of the objectives. Each field is also a train.py flag (--eps-low, ...). An algorithm
-    reads only the fields its token loss uses; its own defaults are in ALGORITHMS[algo].defaults."""
-    algo: str = "ce_gppo"  # ce_gppo | gppo | grpo | dapo | cispo | gspo
-    eps_low: float = 0.2  # lower clip range: the interval is [1 - eps_low, 1 + eps_high]; 1 = no lower bound
-    eps_high: float = 0.2  # upper clip range
-    beta1: float = 0.5  # CE-GPPO gradient scale on the left boundary (d < 1-eps, A < 0); larger lowers entropy
-    beta2: float = 1.0  # CE-GPPO gradient scale on the right boundary (d > 1+eps, A > 0); larger keeps entropy up
-    clip_ratio_c: float = 10.0  # dual-clip bound for A < 0 (official scripts: 10); 0 disables
-    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
-    norm_len: int = 0  # seq-mean-token-sum-norm's constant length (Dr. GRPO); 0 = the max response length
-    entropy_coef: float = 0.0  # entropy bonus: loss -= coef * mean token entropy (paper §4 baseline: 0.001, 0.003)
-    positive_lm_coef: float = 0.0  # weight of the NLL on correct responses (official scripts: 0.1; not in the paper)
-    dynamic_clip: str = "none"  # none | id | did | od: probability-dependent clip schedule (arXiv 2602.09782)
-    rollout_correction: str = "none"  # none | token-tis | token-mis | seq-tis | seq-mis: sampler/trainer mismatch
-    rollout_correction_threshold: float = 2.0  # C: TIS truncates the weight at C, MIS drops what exceeds C
+    """Every hyperparameter of the objectives. Each field is also a train.py flag (--eps-low, ...), checked by its rule.
+    An algorithm reads only the fields its token loss uses; its own defaults are in ALGORITHMS[algo].defaults."""
+    algo: str = option("ce_gppo", Rule(choices="ALGORITHMS"))  # the objective (see ALGORITHMS below)
+    eps_low: float = option(0.2, Rule(0, 1, low_open=True))  # lower clip range: the interval is [1 - eps_low, 1 + eps_high]; 1 = no lower bound
+    eps_high: float = option(0.2, Rule(0, low_open=True))  # upper clip range
+    beta1: float = option(0.5, Rule(0))  # CE-GPPO gradient scale on the left boundary (d < 1-eps, A < 0); larger lowers entropy
+    beta2: float = option(1.0, Rule(0))  # CE-GPPO gradient scale on the right boundary (d > 1+eps, A > 0); larger keeps entropy up
+    clip_ratio_c: float = option(10.0, Rule(0))  # dual-clip bound for A < 0 (official scripts: 10); 0 disables
+    loss_agg_mode: str = option("token-mean", Rule(choices="LOSS_AGG_MODES"))  # how token losses become one number
+    norm_len: int = option(0, Rule(0, integer=True))  # seq-mean-token-sum-norm's constant length (Dr. GRPO); 0 = the max response length
+    entropy_coef: float = option(0.0, Rule(0))  # entropy bonus: loss -= coef * mean token entropy (paper §4 baseline: 0.001, 0.003)
+    positive_lm_coef: float = option(0.0, Rule(0))  # weight of the NLL on correct responses (official scripts: 0.1; not in the paper)
+    dynamic_clip: str = option("none", Rule(choices="DYNAMIC_CLIPS"))  # probability-dependent clip schedule (arXiv 2602.09782)
 
 
 class Totals(NamedTuple):
@@ -204,10 +236,12 @@ def gspo_token_loss(t: Tokens, cfg: LossConfig):
 
 @dataclass(frozen=True)
 class Algorithm:
-    """How one algorithm plugs into policy_loss()."""
+    """How one algorithm plugs into policy_loss(), and its row of README's table (algorithm_table())."""
     token_loss: Callable  # per-token loss function, as above
     defaults: dict  # LossConfig fields this algorithm sets (applied before the user's values)
     reads: tuple  # the LossConfig fields its token loss uses (train.py shows the others as not applying)
+    paper: str  # where it comes from
+    objective: str  # its per-token loss, in a line
     dynamic_clip: bool = True  # whether dynamic clip thresholds apply
     # Every loss above is proportional to A, so a response with A = 0 gets no gradient from it and need not be
     # run. A loss with a term that is not (a KL to a reference, say) sets this False.
@@ -215,33 +249,43 @@ class Algorithm:
 
 
 _CLIP = ("eps_low", "eps_high", "loss_agg_mode")
-# Add a new algorithm here: one per-token loss function and one line.
+# Add a new algorithm here: one per-token loss function and one entry.
 ALGORITHMS = {
     # CE-GPPO: symmetric 0.2 (no clip-higher), dual clip 10, token-mean, the paper's recommended (0.5, 1) for 1.5B
     "ce_gppo": Algorithm(ce_gppo_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="token-mean",
-                                                  beta1=0.5, beta2=1.0), _CLIP + ("beta1", "beta2", "clip_ratio_c")),
+                                                  beta1=0.5, beta2=1.0), _CLIP + ("beta1", "beta2", "clip_ratio_c"),
+                         "arXiv 2509.20712 Eq. 8", "the table above, then dual clip"),
     "gppo": Algorithm(gppo_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="token-mean"),
-                      _CLIP + ("clip_ratio_c",)),
+                      _CLIP + ("clip_ratio_c",), "arXiv 2508.07629", "`ce_gppo` with `beta1 = beta2 = 1`"),
     # GRPO Eq. 3 averages per response
     "grpo": Algorithm(ppo_clip_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="seq-mean-token-mean"),
-                      _CLIP + ("clip_ratio_c",)),
+                      _CLIP + ("clip_ratio_c",), "arXiv 2402.03300 Eq. 3", "PPO-clip `max(-d A, -clip(d) A)`, then dual clip"),
     # DAPO: clip-higher + token-mean
     "dapo": Algorithm(ppo_clip_token_loss, dict(eps_low=0.2, eps_high=0.28, clip_ratio_c=10.0, loss_agg_mode="token-mean"),
-                      _CLIP + ("clip_ratio_c",)),
+                      _CLIP + ("clip_ratio_c",), "arXiv 2503.14476", "PPO-clip with clip-higher, then dual clip"),
     # CISPO: no lower bound; 0.28 is a common upper choice (MiniMax did not publish theirs; unverified for the paper)
     "cispo": Algorithm(cispo_token_loss, dict(eps_low=1.0, eps_high=0.28, clip_ratio_c=0.0, loss_agg_mode="token-mean"),
-                       _CLIP, dynamic_clip=False),
+                       _CLIP, "arXiv 2506.13585", "`-sg(clip(d, 1 - eps_low, 1 + eps_high)) A log pi`", dynamic_clip=False),
     # GSPO paper (v2) §5.1 ranges, sequence-level
     "gspo": Algorithm(gspo_token_loss, dict(eps_low=3e-4, eps_high=4e-4, clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-mean"),
-                      _CLIP, dynamic_clip=False),
+                      _CLIP, "arXiv 2507.18071", "GSPO-token: sequence ratio `s = exp(mean_t log d)`, clipped per sequence",
+                      dynamic_clip=False),
 }
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 DYNAMIC_SCHEDULES = ("id", "did", "od")
-ROLLOUT_CORRECTIONS = ("none", "token-tis", "token-mis", "seq-tis", "seq-mis")
+DYNAMIC_CLIPS = ("none",) + DYNAMIC_SCHEDULES
 # Fields every algorithm reads: the terms added to the policy loss, and how it is weighted.
-COMMON_FIELDS = ("norm_len", "entropy_coef", "positive_lm_coef", "dynamic_clip", "rollout_correction",
-                 "rollout_correction_threshold")
+COMMON_FIELDS = ("norm_len", "entropy_coef", "positive_lm_coef", "dynamic_clip")
+
+
+def algorithm_table() -> str:
+    """README's table of the family, from the registry (a test keeps README equal to it)."""
+    lines = ["| `--algo` | source | per-token loss | defaults |", "|---|---|---|---|"]
+    for name, a in ALGORITHMS.items():
+        defaults = ", ".join(f"{k} {v}" for k, v in a.defaults.items())
+        lines.append(f"| `{name}` | {a.paper} | {a.objective} | {defaults} |")
+    return "\n".join(lines)
 
 
 def loss_config(algo: str = "ce_gppo", **overrides) -> LossConfig:
@@ -256,39 +300,17 @@ def loss_config(algo: str = "ce_gppo", **overrides) -> LossConfig:
 
 
 def config_problems(cfg: LossConfig) -> list[tuple[str, str]]:
-    """(field, message) for every value out of range, each message starting with the field's name; [] if valid."""
-    problems = []
-
-    def bad(name, rule):
-        problems.append((name, f"{name} {rule}, got {getattr(cfg, name)!r}"))
-
-    def finite(name):
-        value = getattr(cfg, name)
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-    if cfg.algo not in ALGORITHMS:
-        return [("algo", f"algo must be one of {sorted(ALGORITHMS)}: unknown algo {cfg.algo!r}")]
-    for name in ("eps_low", "eps_high"):
-        if not finite(name) or getattr(cfg, name) <= 0 or (name == "eps_low" and cfg.eps_low > 1):
-            bad(name, "must be > 0 and finite (eps_low and eps_high must be > 0, eps_low at most 1)")
-    for name in ("beta1", "beta2", "entropy_coef", "positive_lm_coef", "clip_ratio_c"):
-        if not finite(name) or getattr(cfg, name) < 0:
-            bad(name, "must be >= 0 and finite (beta1 and beta2 must be >= 0, as must the coefficients)")
-    if finite("clip_ratio_c") and finite("eps_high") and cfg.clip_ratio_c and cfg.clip_ratio_c <= 1 + cfg.eps_high:
-        bad("clip_ratio_c", f"must exceed 1 + eps_high = {1 + cfg.eps_high} (or be 0 to disable)")
-    if cfg.loss_agg_mode not in LOSS_AGG_MODES:
-        bad("loss_agg_mode", f"must be one of {LOSS_AGG_MODES}")
-    if not isinstance(cfg.norm_len, int) or cfg.norm_len < 0:
-        bad("norm_len", "must be an integer >= 0")
-    if cfg.dynamic_clip not in ("none",) + DYNAMIC_SCHEDULES:
-        bad("dynamic_clip", f"is not a dynamic clip schedule: schedule must be one of {('none',) + DYNAMIC_SCHEDULES}")
-    elif cfg.dynamic_clip != "none" and not ALGORITHMS[cfg.algo].dynamic_clip:
-        bad("dynamic_clip", f"does not apply to {cfg.algo}: dynamic clipping applies to "
-                            f"{[a for a, s in ALGORITHMS.items() if s.dynamic_clip]}")
-    if cfg.rollout_correction not in ROLLOUT_CORRECTIONS:
-        bad("rollout_correction", f"must be one of {ROLLOUT_CORRECTIONS}")
-    if not finite("rollout_correction_threshold") or cfg.rollout_correction_threshold <= 1:
-        bad("rollout_correction_threshold", "must be a finite number > 1")
+    """(field, message) for every value out of range, each message starting with the field's name; [] if valid.
+    Each field's own rule first, then the rules that relate two fields."""
+    problems = [(f.name, f"{f.name} must be {f.metadata['rule'].text()}, got {getattr(cfg, f.name)!r}")
+                for f in fields(cfg) if not f.metadata["rule"].allows(getattr(cfg, f.name))]
+    bad = {name for name, _ in problems}
+    if not bad & {"clip_ratio_c", "eps_high"} and cfg.clip_ratio_c and cfg.clip_ratio_c <= 1 + cfg.eps_high:
+        problems.append(("clip_ratio_c", f"clip_ratio_c must exceed 1 + eps_high = {1 + cfg.eps_high} (or be 0 to disable), "
+                                         f"got {cfg.clip_ratio_c!r}"))
+    if not bad & {"algo", "dynamic_clip"} and cfg.dynamic_clip != "none" and not ALGORITHMS[cfg.algo].dynamic_clip:
+        problems.append(("dynamic_clip", f"dynamic_clip does not apply to {cfg.algo}: dynamic clipping applies to "
+                                         f"{[a for a, s in ALGORITHMS.items() if s.dynamic_clip]}"))
     return problems
 
 
@@ -352,7 +374,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     entropy    [B, T] per-token entropy: reports the four entropy-sensitive regions; with cfg.entropy_coef it
                must carry gradient, and the bonus -entropy_coef * mean(entropy) joins the loss
     correct    [B] bool, for cfg.positive_lm_coef: + coef * NLL(correct responses)
-    weights    [B, T] detached per-token weights on the policy term (rollout_correction() gives them)
+    weights    [B, T] detached per-token weights on the policy term (an importance weight: correction.py)
     progress, od_state: training progress k/T and the oscillatory-decay state, for cfg.dynamic_clip
 
     Returns (loss, metrics); metrics are detached 0-d tensors, token means over this call's response tokens
@@ -377,7 +399,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) * mask
     tokens = Tokens(logp, log_ratio, advantages.to(logp.dtype), mask, eps_low, eps_high)
     token_loss, ratio, extra = ALGORITHMS[cfg.algo].token_loss(tokens, cfg)
-    if weights is not None:  # rollout correction: a detached weight per token on the policy term
+    if weights is not None:  # a detached weight per token on the policy term (sampler/trainer mismatch)
         token_loss = token_loss * weights
     pg_loss = aggregate(token_loss, mask, cfg.loss_agg_mode, totals, cfg.norm_len)
     loss, terms = pg_loss, {"pg_loss": pg_loss}
@@ -530,63 +552,7 @@ def oscillatory_decay_state(state: int, entropy: float, progress: float, initial
 
 
 # ---------------------------------------------------------------------------------------------
-# 8. Rollout correction: the sampler is not the trainer
-# ---------------------------------------------------------------------------------------------
-# The sampler (vLLM, bf16 kernels) and the trainer (the training model) give the same token slightly different
-# probabilities, so "on-policy" samples come from q != pi_old. With rho_t = pi_old(y_t) / q(y_t), each per-token
-# loss l_t is multiplied by a detached weight w_t(rho): E_{y~q}[w l] then estimates E_{y~pi_old}[l] (Yao et al.,
-# "Your efficient RL framework secretly brings you off-policy RL training", 2025; TRL and verl use the same forms).
-# In CE-GPPO it enters as w_t * l_t(theta) for every region of Eq. 8: the regions are still judged on
-# d = pi_theta / pi_old (the trainer's own ratio, which the clip is about), and a clipped token's gradient becomes
-# w_t * beta * (1 -+ eps) * A * grad log pi. The correction fixes which distribution the tokens came from; the clip
-# still bounds how far one update moves from pi_old.
-# Under top-p / top-k the sampler's log-prob is over the tokens it kept, renormalised, so pi_old must be taken over
-# the same support (logprobs.py returns the trainer's kept mass): otherwise rho carries the kept mass and is < 1
-# even when both sides compute identical numbers.
-
-def rollout_correction(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, mode: str,
-                       threshold: float):
-    """Detached per-token weights [B, T] for policy_loss(weights=...), the raw log-ratios of the response tokens
-    (flattened, for correction_metrics) and which tokens (token modes) or responses (seq modes) were truncated or
-    masked.
-
-    trainer_logp: log pi_old(y_t) over the sampler's support; sampler_logp: log q(y_t), the sampler's own value.
-      token-tis  w_t = min(rho_t, C)                 truncated importance sampling
-      token-mis  w_t = rho_t if rho_t <= C, else 0    masked importance sampling
-      seq-tis    w_t = min(rho_i, C), rho_i = prod_t rho_t over response i
-      seq-mis    w_t = rho_i if rho_i <= C, else 0
-    """
-    if mode not in ROLLOUT_CORRECTIONS[1:]:
-        raise ValueError(f"rollout correction mode must be one of {ROLLOUT_CORRECTIONS[1:]}, got {mode!r}")
-    with torch.no_grad():
-        valid = mask > 0
-        log_rho = torch.where(valid, trainer_logp - sampler_logp, 0.0).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        if mode.startswith("seq"):
-            log_rho_unit = log_rho.sum(-1, keepdim=True).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-            corrected = (log_rho_unit.squeeze(-1) > math.log(threshold))[valid.any(-1)]
-            rho = log_rho_unit.exp().expand_as(log_rho)
-        else:
-            rho = log_rho.exp()
-            corrected = (rho > threshold)[valid]
-        weights = rho.clamp(max=threshold) if mode.endswith("tis") else torch.where(rho > threshold, 0.0, rho)
-        return torch.where(valid, weights, 0.0), log_rho[valid], corrected
-
-
-def correction_metrics(log_rho: torch.Tensor, corrected: torch.Tensor) -> dict:
-    """From the raw per-token log-ratios log(pi_old / q) of a step (before truncation): the k3 estimate of
-    KL(q || pi_old) = E_q[rho - 1 - log rho], rho's min / mean / max, the p99 of |log rho|, and the fraction of
-    tokens or responses the correction truncated or masked."""
-    if log_rho.numel() == 0:
-        return {}
-    rho = log_rho.double().exp()
-    return {"rollout_kl_k3": (rho - 1 - log_rho.double()).mean().item(), "rollout_ratio_min": rho.min().item(),
-            "rollout_ratio_mean": rho.mean().item(), "rollout_ratio_max": rho.max().item(),
-            "rollout_abs_log_ratio_p99": torch.quantile(log_rho.abs().float(), 0.99).item(),
-            "rollout_corrected_frac": corrected.float().mean().item() if corrected.numel() else 0.0}
-
-
-# ---------------------------------------------------------------------------------------------
-# 9. The positive-example LM term of the official scripts
+# 8. The positive-example LM term of the official scripts
 # ---------------------------------------------------------------------------------------------
 
 def positive_example_lm_loss(logp: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor, *, num_tokens=None):

@@ -198,7 +198,7 @@ class VLLMSampler:
 
     def load_weights(self, named_tensors):
         """Copy the training model's weights into the engine in memory, then drop stale cached prefixes.
-        named_tensors may be a generator (train.py's full_named_parameters gathers FSDP shards one at a time)."""
+        named_tensors may be a generator (distributed.full_named_parameters gathers FSDP shards one at a time)."""
         weights = ((name, t.detach()) for name, t in named_tensors)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()

@@ -311,13 +311,6 @@ def save_final(output_dir, model, tokenizer):
     return write_folder_atomically(os.path.join(output_dir, "final"), write)
 
 
-def trainer_state_flags(flags: dict) -> dict:
-    """Flags as stored in trainer_state.pt (plain values, comparable on resume)."""
-    return {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v) for k, v in flags.items()}
-
-
-# --- tensorboard and wandb: checked before anything loads --------------------------------------------
-
 def check_loggers(tensorboard: bool, wandb: bool):
     import importlib.util
     for on, package in ((tensorboard, "tensorboard"), (wandb, "wandb")):

@@ -43,7 +43,7 @@ def cases(tmp):
         ("lr not a number", t + ["--lr", "fast"], "--lr: invalid float value: 'fast'"),
         ("beta2 nan", t + ["--beta2", "nan"], "--beta2 must be >= 0 and finite"),
         ("beta1 negative", t + ["--beta1", "-0.5"], "--beta1 must be >= 0"),
-        ("eps-low 1.5", t + ["--eps-low", "1.5"], "--eps-low must be > 0 and finite (eps_low and eps_high must be > 0, eps_low at most 1)"),
+        ("eps-low 1.5", t + ["--eps-low", "1.5"], "--eps-low must be in (0, 1], got 1.5"),
         ("eps-high inf", t + ["--eps-high", "inf"], "--eps-high must be > 0 and finite"),
         ("entropy-coef negative", t + ["--entropy-coef", "-1"], "--entropy-coef must be >= 0"),
         ("clip-ratio-c too small", t + ["--clip-ratio-c", "1.1"], "--clip-ratio-c must exceed 1 + eps_high"),

@@ -18,7 +18,7 @@ WORKER = r'''
 import json, random, sys
 import torch
 sys.path.insert(0, {root!r})
-import distributed as D, train
+import distributed as D, flags, train
 from transformers import AutoModelForCausalLM
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -31,7 +31,7 @@ def shifted(policy, mb, grad=False, truncation=False):
 train.response_logprobs = shifted
 results = {{}}
 for algo in {algos!r}:
-    args = train.parse_args(["--preset", "tiny", "--algo", algo, "--n", "4", "--mini-batch-prompts", "3",
+    args = flags.parse_args(["--preset", "tiny", "--algo", algo, "--n", "4", "--mini-batch-prompts", "3",
                              "--train-prompts", "6", "--gen-prompts", "6", "--micro-batch-size", "2",
                              "--positive-lm-coef", "0.1", "--grad-clip", "1e9"])
     torch.manual_seed(0)
@@ -45,7 +45,10 @@ for algo in {algos!r}:
         groups.append([{{"prompt_ids": prompt, "response_ids": [rng.randrange(5, 270) for _ in range(rng.randint(1, 12))],
                         "advantage": rng.gauss(0, 1), "correct": rng.random() < 0.5}} for _ in range(4)])
     mini_batches = [[s for i in range(m, m + 3) if i % world == rank for s in groups[i]] for m in (0, 3)]
-    metrics = train.update_policy(train.make_policy(args, model, optimizer, 0, device), mini_batches, args.loss)
+    policy = train.make_policy(args, model, optimizer, 0, device)
+    minis = train.make_mini_batches(policy, mini_batches, args.loss)
+    train.old_logprobs(policy, minis)
+    metrics = train.update_policy(policy, minis, args.loss)
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     results[algo] = {{"params": full, "metrics": metrics}}
 if D.is_main():

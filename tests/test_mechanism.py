@@ -48,7 +48,7 @@ def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
     outputs, printed = [], []
     for i, configs in enumerate(("ppo_clip,ppo_clip_repeat,ce_gppo_1_1,gppo,entropy_0.003", "ppo_clip,gppo")):
         out = tmp_path / f"run{i}.json"
-        done = subprocess.run([sys.executable, "mechanism.py", "--preset", "tiny", "--batches", "2", "--probe-prompts", "4",
+        done = subprocess.run([sys.executable, "tools/mechanism.py", "--preset", "tiny", "--batches", "2", "--probe-prompts", "4",
                                "--fresh-prompts", "4", "--configs", configs, "--output", str(out),
                                "--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "4"],  # train.py flags
                               cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -139,7 +139,7 @@ def test_ignore_eos_generates_exactly_max_tokens(sampler, tokenizer):
     assert all(len(c.token_ids) == 60 and not c.finished for g in groups for c in g)
 
 
-# --- the sampler/trainer mismatch and its correction (loss.rollout_correction) ------------------------
+# --- the sampler/trainer mismatch and its correction (correction.py) -------------------------------
 
 def log_ratios(sampler, policy, tokenizer, *, temperature, top_p, prompts=PROBLEMS, n=4, max_tokens=40):
     """Per response token: log pi_trainer(y) over the full vocabulary, over the sampler's kept support, and the
@@ -174,10 +174,10 @@ def test_fp32_sampler_and_trainer_agree_and_bf16_sampler_does_not(engine, bf16_e
     assert torch.quantile(fp32, 0.99) < 1e-3 and fp32.max() < 1e-2
     # a bf16 sampler against the fp32 trainer: measurably off, and the correction's metrics show it
     assert torch.quantile(bf16, 0.99) > 10 * torch.quantile(fp32, 0.99)
-    import loss
-    weights, log_rho, flags = loss.rollout_correction(torch.zeros(1, len(bf16)), -bf16.unsqueeze(0), torch.ones(1, len(bf16)),
-                                                     "token-tis", 2.0)
-    m = loss.correction_metrics(log_rho, flags)
+    import correction
+    weights, log_rho, flags = correction.importance_weights(torch.zeros(1, len(bf16)), -bf16.unsqueeze(0),
+                                                            torch.ones(1, len(bf16)), "token-tis", 2.0)
+    m = correction.metrics(log_rho, flags)
     assert m["rollout_kl_k3"] > 0 and m["rollout_abs_log_ratio_p99"] > 10 * torch.quantile(fp32, 0.99).item()
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import runfolder
-from conftest import ROOT
+from conftest import ROOT, parse_train_args, train_update
 from test_train import SMALL, final_state, read_metrics
 
 FAST = SMALL + ["--sampler", "hf", "--max-steps", "3", "--save-every", "2"]  # checkpoints at steps 2 and 3
@@ -81,7 +81,7 @@ def test_nan_weights_stop_the_run_before_anything_is_saved(tmp_path, monkeypatch
         return out
 
     monkeypatch.setattr(torch.optim.AdamW, "step", step_then_corrupt)
-    args = train.parse_args(SMALL + ["--sampler", "hf", "--train-prompts", "4", "--mini-batch-prompts", "4", "--max-steps", "4",
+    args = parse_train_args(SMALL + ["--sampler", "hf", "--train-prompts", "4", "--mini-batch-prompts", "4", "--max-steps", "4",
                                      "--save-every", "1", "--output-dir", str(tmp_path / "nan")])
     with pytest.raises(FloatingPointError, match="step 1: the parameters are no longer finite"):
         train.main(args)

@@ -12,7 +12,7 @@ import torch
 import data
 import runfolder
 import train
-from conftest import ROOT
+from conftest import ROOT, parse_train_args, train_update
 
 # A few-second step: 8 prompts x 4 responses, two optimizer steps per rollout batch.
 SMALL = ["--preset", "tiny", "--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "4", "--n", "4",
@@ -84,7 +84,7 @@ def test_end_to_end_and_exact_resume(tmp_path, tiny_model_path):
 def test_refuses_to_overwrite_a_run(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     with pytest.raises(SystemExit, match="pass --resume"):
-        train.main(train.parse_args(SMALL + ["--output-dir", str(tmp_path)]))
+        train.main(parse_train_args(SMALL + ["--output-dir", str(tmp_path)]))
 
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, tiny_model_path):
@@ -95,7 +95,7 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, monkeypa
         return (loss * float("nan") if kwargs["progress"] > 0 else loss), metrics
 
     monkeypatch.setattr(train.L, "policy_loss", poisoned)
-    args = train.parse_args(SMALL + ["--output-dir", str(tmp_path), "--max-steps", "3", "--save-every", "1", "--sampler", "hf"])
+    args = parse_train_args(SMALL + ["--output-dir", str(tmp_path), "--max-steps", "3", "--save-every", "1", "--sampler", "hf"])
     with pytest.raises(FloatingPointError, match="step 2: the loss is nan"):
         train.main(args)
     assert os.listdir(tmp_path / "checkpoints") == ["step_000001"]
@@ -107,7 +107,7 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, monkeypa
 
 def test_help_lists_every_flag_with_its_doc(capsys):
     with pytest.raises(SystemExit):
-        train.parse_args(["--help"])
+        parse_train_args(["--help"])
     text = capsys.readouterr().out
     assert "CE-GPPO gradient scale on the left boundary" in text
     for name in ("--beta1", "--beta2", "--eps-low", "--clip-ratio-c", "--dynamic-clip", "--positive-lm-coef", "--lr",
@@ -117,15 +117,15 @@ def test_help_lists_every_flag_with_its_doc(capsys):
 
 
 def test_presets_and_overrides():
-    args = train.parse_args(["--preset", "r1-distill-7b", "--beta2", "0.9"])
+    args = parse_train_args(["--preset", "r1-distill-7b", "--beta2", "0.9"])
     assert (args.model, args.loss.beta1, args.loss.beta2) == ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 0.75, 0.9)
     assert (args.loss.positive_lm_coef, args.loss.clip_ratio_c, args.lr, args.gen_prompts, args.train_prompts) == (0.1, 10.0, 1e-6, 256, 128)
-    assert train.parse_args(["--preset", "r1-distill-1.5b"]).loss.beta1 == 0.5
+    assert parse_train_args(["--preset", "r1-distill-1.5b"]).loss.beta1 == 0.5
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--preset", "r2"], "unknown preset 'r2'"),
-    (["--eps-low", "0"], "--eps-low must be > 0"),
+    (["--eps-low", "0"], "--eps-low must be in (0, 1]"),
     (["--beta1", "-0.5"], "--beta1 must be >= 0"),
     (["--train-prompts", "30", "--mini-batch-prompts", "8"], "must be a multiple of --mini-batch-prompts"),
     (["--micro-batch-size", "7"], "--micro-batch-size (7) must divide"),
@@ -136,7 +136,7 @@ def test_presets_and_overrides():
 ])
 def test_bad_flags_are_rejected_at_start(argv, message, capsys):
     with pytest.raises(SystemExit):
-        train.parse_args(argv)
+        parse_train_args(argv)
     assert message in capsys.readouterr().err
 
 
@@ -242,7 +242,7 @@ def test_update_skips_zero_advantage_sequences_and_keeps_the_step(tiny_model_pat
     step equals the gradient of policy_loss over the whole mini-batch in one piece (token mean over all 12)."""
     import random
     from transformers import AutoModelForCausalLM
-    args = train.parse_args(["--preset", "tiny", "--n", "4", "--gen-prompts", "3", "--train-prompts", "3",
+    args = parse_train_args(["--preset", "tiny", "--n", "4", "--gen-prompts", "3", "--train-prompts", "3",
                              "--mini-batch-prompts", "3", "--micro-batch-size", "2", "--grad-clip", "1e9"])
     rng = random.Random(0)
     advantages = [[0.0, 0.0, 0.0, 0.0], [0.9, -0.3, 0.0, -0.6], [1.2, -1.2, 0.5, -0.5]]
@@ -262,7 +262,7 @@ def test_update_skips_zero_advantage_sequences_and_keeps_the_step(tiny_model_pat
     model, sgd = fresh()
     train.response_logprobs = counting
     try:
-        metrics = train.update_policy(train.make_policy(args, model, sgd, 0, torch.device("cpu")), [seqs], args.loss)
+        metrics = train_update(train.make_policy(args, model, sgd, 0, torch.device("cpu")), [seqs], args.loss)
     finally:
         train.response_logprobs = real
     assert sum(calls) == 7  # the 5 zero-advantage sequences were not run, and no separate old-log-prob pass
@@ -299,7 +299,7 @@ def test_every_loss_through_update_policy_matches_a_one_piece_computation(varian
     from transformers import AutoModelForCausalLM
     algo, _, extra = variant.partition("+")
     flags = {"entropy": ["--entropy-coef", "0.01"], "lm": ["--positive-lm-coef", "0.1"]}.get(extra, [])
-    args = train.parse_args(["--algo", algo, "--n", "4", "--gen-prompts", "4", "--train-prompts", "4",
+    args = parse_train_args(["--algo", algo, "--n", "4", "--gen-prompts", "4", "--train-prompts", "4",
                              "--mini-batch-prompts", "2", "--micro-batch-size", "2", "--grad-clip", "1e9", *flags])
     seqs = fixed_groups()
     mini_batches = [seqs[:8], seqs[8:]]
@@ -310,7 +310,7 @@ def test_every_loss_through_update_policy_matches_a_one_piece_computation(varian
         return model, torch.optim.SGD(model.parameters(), lr=0.5)
 
     model, sgd = fresh()
-    train.update_policy(train.make_policy(args, model, sgd, 0, cpu), mini_batches, args.loss)
+    train_update(train.make_policy(args, model, sgd, 0, cpu), mini_batches, args.loss)
 
     reference, sgd = fresh()
     start, _ = fresh()

@@ -1,12 +1,12 @@
 """Speed and memory of the project's hot paths, measured side by side in one run.
 
-    python bench.py                      # all sections, table on stdout
-    python bench.py --only loss --output bench.json
-    python bench.py --only step --step-repeats 5 --step-steps 5    # ours vs TRL (needs requirements-bench.txt)
-    python bench.py --only step --step-model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B --step-prompts 64 \
-        --step-max-tokens 4096 --step-micro-batch 4                 # on a GPU: a cut of the 1.5B preset's shape
+    python tools/bench.py                      # all sections, table on stdout
+    python tools/bench.py --only loss --output bench.json
+    python tools/bench.py --only step --step-repeats 5 --step-steps 5    # ours vs TRL (needs requirements-bench.txt)
+    python tools/bench.py --only step --step-model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B --step-prompts 64 \
+        --step-max-tokens 4096 --step-micro-batch 4                       # on a GPU: a cut of the 1.5B preset's shape
 
-Sections so far:
+Sections:
   loss      policy_loss(algo="ce_gppo") forward+backward against a bare PPO-clip on [64, 4096] (target <= 1.2x)
   logprobs  the 1.5B preset's LM head (hidden 1,536, vocabulary 151,936) over 4,096 tokens in bf16, forward+backward,
             each in a fresh process: full logits + naive fp32 log_softmax, full logits + logprobs' chunked kernel, and
@@ -24,7 +24,7 @@ Sections so far:
             Needs requirements-bench.txt for the TRL side; without it, ours only. On a GPU TRL also runs on its
             vLLM colocate mode, and --step-model/--step-prompts/--step-max-tokens set a larger shape.
   step_long the same step with every response exactly --step-long-tokens (256) long on both sides: rollout-bound
-  update_memory  (GPU only) one train.update_policy step at the 1.5B model's shape, random weights, 2 x 16,384-token
+  update_memory  (GPU only) one train.py update (stages 5 and 6) at the 1.5B model's shape, random weights, 2 x 16,384-token
             responses: peak memory with full logits against the fused log-probs, each in a fresh process
 """
 
@@ -42,10 +42,12 @@ import time
 
 import torch
 
-import loss as L
-import reward as R
-
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)  # the pipeline's modules
+
+import loss as L  # noqa: E402
+import reward as R  # noqa: E402
 
 
 def median_seconds(fn, repeats, warmup=2):
@@ -271,6 +273,7 @@ QWEN25_1P5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=2
 
 
 def _update_probe(fused, response_tokens, prompt_tokens):
+    import flags
     import train
     from transformers import AutoModelForCausalLM, Qwen2Config
     device = torch.device("cuda")
@@ -278,7 +281,7 @@ def _update_probe(fused, response_tokens, prompt_tokens):
     model = AutoModelForCausalLM.from_config(Qwen2Config(**QWEN25_1P5B), dtype=torch.float32).to(device)
     model.gradient_checkpointing_enable()
     model.train()
-    args = train.resolve("r1-distill-1.5b", {"micro_batch_size": 1})
+    args = flags.resolve("r1-distill-1.5b", {"micro_batch_size": 1})
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     policy = train.make_policy(args, model, optimizer, pad_id=0, device=device, fused=fused)
     seqs = [{"prompt_ids": torch.randint(1, 151936, (prompt_tokens,)).tolist(),
@@ -295,7 +298,9 @@ def _update_probe(fused, response_tokens, prompt_tokens):
     static = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    metrics = train.update_policy(policy, [seqs], args.loss)
+    minis = train.make_mini_batches(policy, [seqs], args.loss)
+    train.old_logprobs(policy, minis)
+    metrics = train.update_policy(policy, minis, args.loss)
     torch.cuda.synchronize()
     params = sum(p.numel() for p in model.parameters())
     return {"seconds": time.perf_counter() - start, "backward_peak_bytes": backward_peaks[0],
@@ -331,7 +336,7 @@ def bench_update_memory(response_tokens=16384, prompt_tokens=512):
 
 # --- reward -----------------------------------------------------------------------------------
 
-BENCHMARKS = os.path.join(HERE, "..", "shared", "benchmarks")
+BENCHMARKS = os.path.join(ROOT, "..", "shared", "benchmarks")
 # Math-Verify issue #65: a nested power that keeps math-verify busy for minutes.
 HANG = r"The answer is \boxed{\dfrac{5^{\left(5^{\left(5^{\left(5^5\right)}\right)} - 4\right)} - 5}{16}}"
 
@@ -496,7 +501,7 @@ def ours_steps(engine, workdir, steps, prompts, n, max_tokens, micro_batch, lr, 
     """train.py with `engine` (hf | vllm) for `steps` steps, one optimizer step each; per step after the first: wall
     time (between consecutive metrics.jsonl rows, seen by polling the file) and train.py's own phase times."""
     out_dir = os.path.join(workdir, f"ours-{engine}")
-    cmd = [sys.executable, os.path.join(HERE, "train.py"), "--preset", "tiny", "--model", model, "--sampler", engine,
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--preset", "tiny", "--model", model, "--sampler", engine,
            "--algo", "ce_gppo", "--no-dynamic-sampling", "--max-prompt-len", "256",
            "--gradient-checkpointing" if model != "tiny" else "--no-gradient-checkpointing",
            "--gen-prompts", str(prompts), "--train-prompts", str(prompts), "--mini-batch-prompts", str(prompts),

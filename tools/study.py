@@ -1,9 +1,9 @@
 """The long-run entropy study: each configuration trained with a preset for several seeds, then the curves and a table.
 
-    python study.py --preset tiny --steps 50                     # the original CPU study on the arithmetic task
-    python study.py --preset <task preset> --steps 150           # the study on the longer-response task (README)
-    python study.py --preset tiny --plot-only
-    python study.py --preset sums --steps 150 --parallel 18        # a machine with many cores (or a GPU): runs at once
+    python tools/study.py --preset tiny --steps 50                 # the original CPU study on the arithmetic task
+    python tools/study.py --preset sums --steps 150                # the study on the longer-response task (README)
+    python tools/study.py --preset tiny --plot-only
+    python tools/study.py --preset sums --steps 150 --parallel 18  # a machine with many cores (or a GPU): runs at once
 
 Runs go to runs/study/<preset>/<config>-s<seed>/ and keep checkpoints, so an interrupted study resumes: a finished
 run is skipped, an unfinished one continues from its last checkpoint (train.py --resume), exactly. Figures and the
@@ -18,22 +18,10 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)  # the pipeline's modules
 
-# name -> train.py flags on top of the preset
-CONFIGS = {
-    "grpo": ["--algo", "grpo"],  # PPO-clip with GRPO's per-response aggregation
-    "ppo_clip": ["--algo", "ce_gppo", "--beta1", "0", "--beta2", "0"],  # PPO-clip's gradient, CE-GPPO's token mean
-    "dapo": ["--algo", "dapo"],
-    "gppo": ["--algo", "gppo"],
-    "ce_gppo_0.5_1": ["--algo", "ce_gppo", "--beta1", "0.5", "--beta2", "1.0"],
-    "ce_gppo_0.75_1": ["--algo", "ce_gppo", "--beta1", "0.75", "--beta2", "1.0"],
-    "ce_gppo_1_0.5": ["--algo", "ce_gppo", "--beta1", "1.0", "--beta2", "0.5"],
-    "ce_gppo_0_1": ["--algo", "ce_gppo", "--beta1", "0.0", "--beta2", "1.0"],
-    "ce_gppo_0.5_1_dyn_id": ["--algo", "ce_gppo", "--beta1", "0.5", "--beta2", "1.0", "--dynamic-clip", "id"],
-    "entropy_0.001": ["--algo", "ce_gppo", "--beta1", "0", "--beta2", "0", "--entropy-coef", "0.001"],
-    "entropy_0.003": ["--algo", "ce_gppo", "--beta1", "0", "--beta2", "0", "--entropy-coef", "0.003"],
-}
-DEFAULT = "grpo,dapo,gppo,ce_gppo_0.5_1,ce_gppo_0.75_1,ce_gppo_1_0.5,ce_gppo_0_1,ce_gppo_0.5_1_dyn_id"
+from configs import CONFIGS, STUDY_DEFAULT  # noqa: E402
 
 
 def run_one(preset, name, seed, steps, out, extra, threads=None):
@@ -50,7 +38,7 @@ def run_one(preset, name, seed, steps, out, extra, threads=None):
     start = time.time()
     print(f"[study] {name} seed {seed} ...", flush=True)
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
-    run = subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *flags], cwd=HERE, env=env,
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *flags], cwd=ROOT, env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if run.returncode:
         raise RuntimeError(f"[study] {name} seed {seed} failed:\n{run.stderr[-3000:]}")
@@ -63,9 +51,9 @@ def main():
     parser.add_argument("--preset", default="tiny", help="train.py preset: task, model and the update's settings")
     parser.add_argument("--steps", type=int, default=50, help="RL steps per run")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
-    parser.add_argument("--configs", default=DEFAULT, help=f"comma-separated, from {list(CONFIGS)}")
+    parser.add_argument("--configs", default=",".join(STUDY_DEFAULT), help=f"comma-separated, from {list(CONFIGS)}")
     parser.add_argument("--eval-every", type=int, default=None, help="held-out evaluation every N steps (default: at the end only)")
-    parser.add_argument("--root", default=os.path.join(HERE, "runs", "study"), help="where the runs go")
+    parser.add_argument("--root", default=os.path.join(ROOT, "runs", "study"), help="where the runs go")
     parser.add_argument("--figures", default=None, help="where figures and the table go (default: docs/figures/study-<preset>)")
     parser.add_argument("--plot-only", action="store_true", help="only redraw from existing runs")
     parser.add_argument("--no-plot", action="store_true", help="only run, do not draw")
@@ -77,7 +65,7 @@ def main():
         parser.error(f"unknown config(s) {unknown}; choose from {list(CONFIGS)}")
     seeds = [int(s) for s in args.seeds.split(",") if s]
     root = os.path.join(args.root, args.preset)
-    figures = args.figures or os.path.join(HERE, "docs", "figures", f"study-{args.preset}")
+    figures = args.figures or os.path.join(ROOT, "docs", "figures", f"study-{args.preset}")
     extra = ["--eval-every", str(args.eval_every or args.steps)]
     start = time.time()
     if args.parallel < 1:

@@ -1,16 +1,16 @@
 """The entropy mechanism, measured paired: what one training step of each loss does to the policy's entropy.
 
-    python mechanism.py --preset tiny --start warm --output docs/figures/mechanism-tiny-warm.json
-    python mechanism.py --preset tiny --start midrun --output docs/figures/mechanism-tiny-midrun.json
-    python mechanism.py --preset tiny --batches 2 --gen-prompts 8 --output quick.json   # train.py flags pass through
+    python tools/mechanism.py --preset tiny --start warm --output docs/figures/mechanism-tiny-warm.json
+    python tools/mechanism.py --preset tiny --start midrun --output docs/figures/mechanism-tiny-midrun.json
+    python tools/mechanism.py --preset tiny --batches 2 --gen-prompts 8 --train-prompts 8 --output quick.json
 
 Any flag that is not mechanism.py's own is a train.py flag, applied to the sampling and to every config's step (not
 to the training of the mid-run start point, which uses the preset as it is).
 
 For each of N rollout batches: sample once from the start weights (the preset's warm start, or a mid-run RL
 checkpoint that train.py writes with the same preset); then, for every config, from the same start weights and
-optimizer state and in the same mini-batch order, apply one training step (train.update_policy, the preset's
-mini-batches) and measure the change in mean token entropy
+optimizer state and in the same mini-batch order, apply one training step (train.py's stages 5 and 6, the
+preset's mini-batches) and measure the change in mean token entropy
   - teacher-forced on a fixed probe set (responses sampled once from the start weights): dH;
   - on fresh samples of the stepped policy (same prompts and seed for every config): a check.
 Per config: the mean change, and the mean paired difference against PPO-clip with a 95% t-interval over batches.
@@ -43,29 +43,18 @@ import time
 
 import torch
 
-import data
-import loss as L
-import runfolder as RF
-import train
-
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)  # the pipeline's modules
 
-# name -> train.py flags on top of the preset. PPO-clip is CE-GPPO with beta1 = beta2 = 0 (the same gradient), so
-# that every config differs from it only in what it is about.
-PPO = ["--algo", "ce_gppo", "--beta1", "0", "--beta2", "0"]
-CONFIGS = {
-    "ppo_clip": PPO,
-    "ppo_clip_repeat": PPO,
-    "ce_gppo_0_1": ["--algo", "ce_gppo", "--beta1", "0", "--beta2", "1"],
-    "ce_gppo_0.5_1": ["--algo", "ce_gppo", "--beta1", "0.5", "--beta2", "1"],
-    "ce_gppo_1_1": ["--algo", "ce_gppo", "--beta1", "1", "--beta2", "1"],
-    "ce_gppo_1_0.5": ["--algo", "ce_gppo", "--beta1", "1", "--beta2", "0.5"],
-    "ce_gppo_1_0": ["--algo", "ce_gppo", "--beta1", "1", "--beta2", "0"],
-    "gppo": ["--algo", "gppo"],
-    "dapo": ["--algo", "dapo"],
-    "entropy_0.001": PPO + ["--entropy-coef", "0.001"],  # the paper's §4 entropy-regularisation baseline values
-    "entropy_0.003": PPO + ["--entropy-coef", "0.003"],
-}
+import data  # noqa: E402
+import flags  # noqa: E402
+import loss as L  # noqa: E402
+import models  # noqa: E402
+import runfolder as RF  # noqa: E402
+import train  # noqa: E402
+from configs import CONFIGS, MECHANISM_DEFAULT  # noqa: E402
+
 REGIONS = ("b1_low", "b1_high", "b2_low", "b2_high", "other")  # b1: d < 1-eps, A < 0; b2: d > 1+eps, A > 0
 
 
@@ -120,27 +109,41 @@ def entropy_sensitivity(logpi, targets):
 
 
 class Recorder:
-    """train.update_policy's observe hook: per clipped region and probability class, token counts and the
-    first-order entropy change g * kappa (see the module docstring)."""
+    """Per clipped region and probability class, token counts and the first-order entropy change g * kappa (see the
+    module docstring), observed on each micro-batch just before the optimizer step that trains on it."""
 
     def __init__(self, policy, cfg):
         self.policy, self.cfg = policy, cfg
         self.counts = dict.fromkeys(REGIONS, 0.0)
         self.predicted = dict.fromkeys(REGIONS + ("entropy_bonus",), 0.0)
 
-    @torch.no_grad()
-    def __call__(self, mb, logp, totals):
+    def __call__(self, mb, totals):
         mask = mb["response_mask"] > 0
         if not mask.any():
             return
+        g, logp, old_logp = self.loss_gradient(mb, totals)
+        self.record(mb, totals, mask, g, logp, old_logp)
+
+    def loss_gradient(self, mb, totals):
+        """g = d loss / d log pi(y_t) per token, the loss as train.optimizer_step computes it at these weights."""
+        logp, entropy, _ = train.response_logprobs(self.policy, mb)
+        # the first mini-batch: old = current, as optimizer_step takes it
+        old_logp, old_entropy = mb.get("old_logp", logp.clone()), mb.get("old_entropy", entropy.clone())
+        logp.requires_grad_(True)
+        loss, _ = L.policy_loss(logp, old_logp, mb["advantages"], mb["response_mask"], self.cfg, totals=totals,
+                                entropy=entropy.requires_grad_(True) if self.cfg.entropy_coef else old_entropy,
+                                correct=mb["correct"], weights=mb.get("weights"))
+        return torch.autograd.grad(loss, logp)[0], logp.detach(), old_logp
+
+    @torch.no_grad()
+    def record(self, mb, totals, mask, g, logp, old_logp):
         model = self.policy.model
         R = mb["response_ids"].shape[1]
         logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
                        logits_to_keep=R + 1, use_cache=False).logits[:, :-1].float() / self.policy.temperature
         logpi = logits.log_softmax(-1)
         kappa, logpi_a, H = entropy_sensitivity(logpi, mb["response_ids"])
-        g = logp.grad  # d loss / d log pi(y_t)
-        d = torch.exp((logp.detach() - mb["old_logp"]).clamp(-L.LOG_RATIO_CLAMP, L.LOG_RATIO_CLAMP))
+        d = torch.exp((logp - old_logp).clamp(-L.LOG_RATIO_CLAMP, L.LOG_RATIO_CLAMP))
         adv = mb["advantages"].expand_as(d)
         low = -logpi_a > H  # a low-probability token: -log pi > H
         b1 = (d < 1 - self.cfg.eps_low) & (adv < 0)
@@ -158,6 +161,20 @@ class Recorder:
 
 
 # --- measuring entropy ---------------------------------------------------------------------------
+
+def one_step(policy, recorder, seq_lists, args) -> int:
+    """train.py's stages 5 and 6 on one batch, the recorder observing each micro-batch before its optimizer step;
+    returns the number of optimizer steps."""
+    if not seq_lists:
+        return 0
+    minis = train.make_mini_batches(policy, seq_lists, args.loss)
+    train.old_logprobs(policy, minis, args.rollout_correction, args.rollout_correction_threshold)
+    for mini in minis:
+        for mb in mini.micro:
+            recorder(mb, mini.totals)
+        train.optimizer_step(policy, mini, args.loss)
+    return len(minis)
+
 
 def micro_batches(seqs, policy):
     return [train.collate(seqs[i:i + policy.micro_batch_size], policy.pad_id, policy.device)
@@ -197,9 +214,9 @@ def midrun_checkpoint(preset, steps, root):
     if found and RF.step_of(found[-1]) == steps:
         return found[-1]
     print(f"[mechanism] training {preset} for {steps} steps for the mid-run start point -> {out}", flush=True)
-    flags = ["--preset", preset, "--max-steps", str(steps), "--save-every", str(steps), "--eval-every", "0",
-             "--log-samples-every", "0", "--output-dir", out] + (["--resume"] if os.path.exists(out) else [])
-    subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *flags], cwd=HERE, check=True)
+    argv = ["--preset", preset, "--max-steps", str(steps), "--save-every", str(steps), "--eval-every", "0",
+            "--log-samples-every", "0", "--output-dir", out] + (["--resume"] if os.path.exists(out) else [])
+    subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *argv], cwd=ROOT, check=True)
     return RF.checkpoint_dirs(out)[-1]
 
 
@@ -209,9 +226,9 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
 
     import transformers
     transformers.utils.logging.disable_progress_bar()
-    base = train.parse_args(["--preset", preset, *train_flags])
+    base = flags.parse_args(["--preset", preset, *train_flags])
     torch.manual_seed(base.seed)
-    model_path = train.resolve_model(base.model)
+    model_path = models.resolve_model(base.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     rows = data.load_rows(base.train_data, seed=base.seed)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -236,7 +253,7 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
     h0_fresh = mean_entropy(policy0, micro_batches(sample_set(sampler, policy0, tokenizer, fresh_rows, base, fresh_seed, 1), policy0))
     print(f"[mechanism] {preset}, {start} start: probe entropy {h0_probe:.4f}, fresh-sample entropy {h0_fresh:.4f}", flush=True)
 
-    config_args = {name: train.parse_args(["--preset", preset, *train_flags, *CONFIGS[name]]) for name in configs}
+    config_args = {name: flags.parse_args(["--preset", preset, *train_flags, *CONFIGS[name]]) for name in configs}
     records = []
     t0 = time.time()
     for b in range(batches):
@@ -254,8 +271,7 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
             # would update the start's Adam moments in place, and the next config would start elsewhere
             policy = train.make_policy(args, model, optimizer, pad_id, device)
             recorder = Recorder(policy, args.loss)
-            mini = train.make_mini_batches(kept, groups, advantages, correct, args)
-            metrics = train.update_policy(policy, mini, args.loss, observe=recorder) if kept else {}
+            steps = one_step(policy, recorder, train.mini_batch_sequences(kept, groups, advantages, correct, args), args)
             fresh = micro_batches(sample_set(sampler, policy, tokenizer, fresh_rows, args, fresh_seed, 1), policy)
             tokens = sum(recorder.counts.values()) or 1.0
             record["configs"][name] = {
@@ -264,17 +280,17 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
                 "predicted": sum(recorder.predicted.values()),
                 "predicted_by_region": recorder.predicted,
                 "region_frac": {k: v / tokens for k, v in recorder.counts.items()},
-                "optimizer_steps": metrics.get("optimizer_steps", 0),
+                "optimizer_steps": steps,
             }
         records.append(record)
         ppo = record["configs"].get("ppo_clip", {})
         print(f"[mechanism] batch {b + 1}/{batches} ({time.time() - t0:.0f}s): kept {len(kept)} groups; dH ppo "
               f"{ppo.get('dH', math.nan):+.5f}; " + ", ".join(f"{k} {v['dH'] - ppo.get('dH', 0):+.5f}"
                                                          for k, v in record["configs"].items() if k != "ppo_clip"), flush=True)
-    import bench
-    return summarise(records, configs), records, {"h0_probe": h0_probe, "h0_fresh": h0_fresh, "checkpoint": checkpoint and os.path.relpath(checkpoint, HERE),
+    from bench import cpu_model
+    return summarise(records, configs), records, {"h0_probe": h0_probe, "h0_fresh": h0_fresh, "checkpoint": checkpoint and os.path.relpath(checkpoint, ROOT),
                                                   "seconds": time.time() - t0, "sampler": type(sampler).__name__,
-                                                  "cpu": f"{bench.cpu_model()}, {torch.get_num_threads()} threads"}
+                                                  "cpu": f"{cpu_model()}, {torch.get_num_threads()} threads"}
 
 
 def summarise(records, configs):
@@ -347,11 +363,11 @@ def main():
     parser.add_argument("--midrun-steps", type=int, default=50, help="RL steps of the run that gives the mid-run start point")
     parser.add_argument("--probe-prompts", type=int, default=64, help="prompts of the fixed probe set (2 responses each)")
     parser.add_argument("--fresh-prompts", type=int, default=64, help="prompts sampled afresh after each step (the check)")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {list(CONFIGS)}")
-    parser.add_argument("--root", default=os.path.join(HERE, "runs", "mechanism"), help="where the mid-run checkpoint goes")
+    parser.add_argument("--configs", default=",".join(MECHANISM_DEFAULT), help=f"comma-separated, from {list(CONFIGS)}")
+    parser.add_argument("--root", default=os.path.join(ROOT, "runs", "mechanism"), help="where the mid-run checkpoint goes")
     parser.add_argument("--output", required=True, help="the JSON (a .png of the same name beside it)")
     args, train_flags = parser.parse_known_args()  # any other flag is a train.py flag for the paired steps
-    train.parse_args(["--preset", args.preset, *train_flags])  # a bad one ends here, in train.py's words
+    flags.parse_args(["--preset", args.preset, *train_flags])  # a bad one ends here, in train.py's words
     configs = [c for c in args.configs.split(",") if c]
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown or "ppo_clip" not in configs:

@@ -1,0 +1,27 @@
+"""Which model a `--model` name means, for train.py and evaluate.py alike: a local HF folder, a hub id, or the
+project's offline tiny model ("tiny", "tiny:<task>"), built once and cached by tiny.py."""
+
+import os
+
+import distributed as D
+from data import UserError
+
+
+def resolve_model(name: str) -> str:
+    """A local folder or a hub id as it is; "tiny" (or "tiny:<task>") -> the warm-started offline model, built once."""
+    if name == "tiny" or name.startswith("tiny:"):
+        import tiny
+        task = name.partition(":")[2] or "arith"
+        if task not in tiny.TASKS:
+            raise UserError(f"--model {name}: no offline task {task!r}; choose from {sorted(tiny.TASKS)}")
+        if D.is_main():  # built once, by rank 0; the others then find it cached
+            path = tiny.ensure_task_model(task)
+        D.barrier()
+        return path if D.is_main() else tiny.ensure_task_model(task, log=lambda *a: None)
+    if os.path.isdir(name):
+        if not os.path.exists(os.path.join(name, "config.json")):
+            raise UserError(f"--model {name}: the folder has no config.json (not an HF model folder)")
+        return name
+    if os.path.exists(name) or name.startswith((".", "/", "~")) or name.count("/") != 1:
+        raise UserError(f"--model {name}: no such model folder, and not a hub id (owner/name)")
+    return name

@@ -1,0 +1,33 @@
+"""The named configurations that the long-run study (study.py) and the one-step experiment (mechanism.py) compare:
+name -> train.py flags on top of a preset. One list, so both tools name the same things alike.
+
+PPO-clip is CE-GPPO with beta1 = beta2 = 0 (the same gradient, CE-GPPO's token mean), so every CE-GPPO config
+differs from it only in the betas; `grpo` is PPO-clip with GRPO's per-response aggregation.
+"""
+
+PPO = ["--algo", "ce_gppo", "--beta1", "0", "--beta2", "0"]
+
+CONFIGS = {
+    "grpo": ["--algo", "grpo"],
+    "ppo_clip": PPO,
+    "ppo_clip_repeat": PPO,  # PPO-clip again: in the paired experiment its difference from ppo_clip must be exactly 0
+    "dapo": ["--algo", "dapo"],
+    "gppo": ["--algo", "gppo"],
+    "cispo": ["--algo", "cispo"],
+    "gspo": ["--algo", "gspo"],
+    "ce_gppo_0_1": ["--algo", "ce_gppo", "--beta1", "0", "--beta2", "1"],
+    "ce_gppo_0.5_1": ["--algo", "ce_gppo", "--beta1", "0.5", "--beta2", "1"],
+    "ce_gppo_0.75_1": ["--algo", "ce_gppo", "--beta1", "0.75", "--beta2", "1"],
+    "ce_gppo_1_1": ["--algo", "ce_gppo", "--beta1", "1", "--beta2", "1"],
+    "ce_gppo_1_0.5": ["--algo", "ce_gppo", "--beta1", "1", "--beta2", "0.5"],
+    "ce_gppo_1_0": ["--algo", "ce_gppo", "--beta1", "1", "--beta2", "0"],
+    "ce_gppo_0.5_1_dyn_id": ["--algo", "ce_gppo", "--beta1", "0.5", "--beta2", "1", "--dynamic-clip", "id"],
+    "entropy_0.001": PPO + ["--entropy-coef", "0.001"],  # the paper's §4 entropy-regularisation baseline values
+    "entropy_0.003": PPO + ["--entropy-coef", "0.003"],
+}
+
+# What each tool runs unless told otherwise.
+MECHANISM_DEFAULT = ["ppo_clip", "ppo_clip_repeat", "ce_gppo_0_1", "ce_gppo_0.5_1", "ce_gppo_1_1", "ce_gppo_1_0.5",
+                     "ce_gppo_1_0", "gppo", "dapo", "entropy_0.001", "entropy_0.003"]
+STUDY_DEFAULT = ["grpo", "dapo", "gppo", "ce_gppo_0.5_1", "ce_gppo_0.75_1", "ce_gppo_1_0.5", "ce_gppo_0_1",
+                 "ce_gppo_0.5_1_dyn_id"]

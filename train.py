@@ -244,7 +244,7 @@ def sample_groups(sampler, model, tokenizer, batch, args, step) -> dict[int, Gro
     prompt_ids = rollout.encode_prompts(tokenizer, [batch[i]["prompt"] for i in mine], args.max_prompt_len)
     completions = sampler.generate(prompt_ids, n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                    max_tokens=args.max_response_len, min_tokens=args.min_response_len, seed=seed,
-                                   logprobs=args.loss.rollout_correction != "none", progress=False)
+                                   logprobs=args.rollout_correction != "none", progress=False)
     sampler.sleep()
     return {i: Group(batch[i], ids, c) for i, ids, c in zip(mine, prompt_ids, completions)}
 

@@ -262,7 +262,7 @@ def bench_logprobs(vocab=151936, hidden=1536, tokens=4096, repeats=1, device="cp
 
 
 # --- update memory (GPU) -----------------------------------------------------------------------
-# One optimizer step of train.update_policy at the 1.5B preset's model shape (Qwen2.5-1.5B: hidden 1,536, 28 layers,
+# One optimizer step of train.py's update at the 1.5B preset's model shape (Qwen2.5-1.5B: hidden 1,536, 28 layers,
 # 12 / 2 heads, MLP 8,960, vocabulary 151,936, untied head; random weights, since nothing is downloaded), bf16 autocast
 # over fp32 master weights, AdamW, gradient checkpointing, one mini-batch of two sequences of `prompt_tokens` +
 # `response_tokens` (advantages +1 and -1), micro-batch 1: the peak GPU memory with full logits and with the fused

@@ -10,6 +10,14 @@ Read this file beside the papers:
   GSPO     Zheng et al., arXiv 2507.18071 (sequence-level ratio).
   Dynamic clipping: "Flexible Entropy Control in RLVR with a Gradient-Preserving
            Perspective", arXiv 2602.09782.
+  SAPO     Gao et al., "Soft Adaptive Policy Optimization", arXiv 2511.20347 (sigmoid gate for the clip).
+  Clip-Cov, KL-Cov  Cui et al., "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617.
+  Options usable with every algorithm:
+    top-entropy tokens  Wang et al., "Beyond the 80/20 Rule", arXiv 2506.01939 (train on the top-rho entropy tokens).
+    adaptive entropy    He et al., "Skywork Open Reasoner 1", arXiv 2505.22312 (the entropy coefficient
+                        driven toward a target entropy; the controller is in section 9, its state in train.py).
+    KL to a reference   Shao et al., arXiv 2402.03300 Eq. 4 (k3), estimators after Schulman, "Approximating KL
+                        divergence" (2020).
 
 Notation. For response token t of response i:
   d = pi_theta(y_t) / pi_old(y_t)   the importance ratio ("r" in most papers)
@@ -117,6 +125,21 @@ class LossConfig:
     entropy_coef: float = option(0.0, Rule(0))  # entropy bonus: loss -= coef * mean token entropy (paper §4 baseline: 0.001, 0.003)
     positive_lm_coef: float = option(0.0, Rule(0))  # weight of the NLL on correct responses (official scripts: 0.1; not in the paper)
     dynamic_clip: str = option("none", Rule(choices="DYNAMIC_CLIPS"))  # probability-dependent clip schedule (arXiv 2602.09782)
+    tau_pos: float = option(1.0, Rule(0, low_open=True))  # SAPO gate temperature for A > 0 (SAPO paper, verl tau_pos, TRL sapo_temperature_pos: 1.0)
+    tau_neg: float = option(1.05, Rule(0, low_open=True))  # SAPO gate temperature for A <= 0 (SAPO paper, verl tau_neg, TRL sapo_temperature_neg: 1.05)
+    clip_cov_ratio: float = option(2e-4, Rule(0, 1, low_open=True))  # Clip-Cov: share of a call's tokens whose gradient is stopped (arXiv 2505.22617 §5, verl: 2e-4)
+    clip_cov_lb: float = option(1.0, Rule(0))  # Clip-Cov: only tokens with covariance in (lb, ub) are candidates (paper, verl: 1)
+    clip_cov_ub: float = option(5.0, Rule(0))  # Clip-Cov: upper covariance bound (paper, verl: 5)
+    kl_cov_ratio: float = option(2e-3, Rule(0, 1, low_open=True))  # KL-Cov: share of a call's tokens with the largest covariance that get the KL term (paper 7B run: 2e-3; verl default 2e-4)
+    kl_cov_coef: float = option(1.0, Rule(0))  # KL-Cov: weight of |log d| on those tokens (paper: 1; verl's yaml default 0.1)
+    top_entropy_quantile: float = option(1.0, Rule(0, 1, low_open=True))  # rho: train only on the top-rho share of tokens by entropy (arXiv 2506.01939 recommends 0.2; TRL top_entropy_quantile); 1 = all
+    kl_coef: float = option(0.0, Rule(0))  # KL penalty to the frozen initial model (GRPO paper: 0.04; verl kl_loss_coef 0.001; official CE-GPPO scripts: none); 0 = no reference model
+    kl_estimator: str = option("k3", Rule(choices="KL_ESTIMATORS"))  # k1 log(pi/ref), k2 (log(pi/ref))^2 / 2, k3 ref/pi - log(ref/pi) - 1 (GRPO Eq. 4; verl low_var_kl)
+    adaptive_entropy: bool = option(False, Rule(choices="SWITCH"))  # Skywork-OR1 adaptive entropy control: entropy_coef becomes the controller's start value (TRL use_adaptive_entropy)
+    entropy_target: float = option(0.2, Rule(0, low_open=True))  # adaptive entropy: target mean token entropy in nats (Skywork-OR1 tgt-ent 0.2; TRL entropy_target 0.2)
+    entropy_coef_delta: float = option(0.005, Rule(0, low_open=True))  # adaptive entropy: step of the coefficient per training step (Skywork-OR1, TRL entropy_coef_delta: 0.005)
+    entropy_coef_min: float = option(0.0, Rule(0))  # adaptive entropy: lower bound of the coefficient (TRL entropy_coef_min: 0)
+    entropy_coef_max: float = option(1.0, Rule(0))  # adaptive entropy: upper bound of the coefficient (TRL entropy_coef_max: 1)
 
 
 class Totals(NamedTuple):
@@ -230,6 +253,66 @@ def gspo_token_loss(t: Tokens, cfg: LossConfig):
     return loss, torch.where(t.mask > 0, s, 1.0), {}  # the ratio the regions are judged on: 1 on padding
 
 
+def sapo_token_loss(t: Tokens, cfg: LossConfig):
+    """SAPO (arXiv 2511.20347): the hard clip becomes a soft gate on the ratio,
+      f(d) = sigmoid(tau (d - 1)) * 4 / tau,  loss = -f(d) A,  tau = tau_pos if A > 0 else tau_neg.
+
+    Gradient: -4 sigmoid(tau (d - 1)) (1 - sigmoid(tau (d - 1))) d A * grad log pi, i.e. d A at d = 1, decaying smoothly
+    as d leaves 1 instead of dropping to 0 at the clip boundary. tau_neg > tau_pos makes the gate on negative
+    tokens decay faster (the paper: negative updates spread over the vocabulary and destabilise training).
+    """
+    ratio = torch.exp(t.log_ratio)
+    tau = torch.where(t.adv > 0, ratio.new_tensor(cfg.tau_pos), ratio.new_tensor(cfg.tau_neg))  # in the loss's dtype: 1.05 is not a float32
+    gate = torch.sigmoid(tau * (ratio - 1)) * (4 / tau)
+    return -gate * t.adv, ratio.detach(), {}
+
+
+def _token_covariance(t: Tokens):
+    """Cov(y_t) = (log pi(y_t) - mean log pi) (A_t - mean A), the means over this call's response tokens (Clip-Cov and
+    KL-Cov, arXiv 2505.22617 §4-5), detached: it only selects tokens."""
+    logp, mask = t.logp.detach(), t.mask
+    adv = t.adv.expand_as(logp)
+    n = mask.sum().clamp(min=1)
+    return (adv - (adv * mask).sum() / n) * (logp - (logp * mask).sum() / n)
+
+
+def clip_cov_token_loss(t: Tokens, cfg: LossConfig):
+    """Clip-Cov (arXiv 2505.22617 §5): PPO-clip, and no gradient for clip_cov_ratio * N tokens drawn at random from
+      I = {t : clip_cov_lb < Cov(y_t) < clip_cov_ub, y_t not already clipped by PPO},  N = this call's response tokens
+    (at least one token when I is not empty). As verl's clip_cov: no dual clip; the draw uses torch's global
+    generator (torch.randperm over I in row-major order), so a seeded run draws the same tokens.
+    """
+    ratio = torch.exp(t.log_ratio)
+    unclipped, clipped = -t.adv * ratio, -t.adv * torch.clamp(ratio, 1 - t.eps_low, 1 + t.eps_high)
+    valid = t.mask > 0
+    cov = _token_covariance(t)
+    candidates = torch.nonzero(valid & ~(clipped > unclipped) & (cov > cfg.clip_cov_lb) & (cov < cfg.clip_cov_ub))
+    count = max(int(cfg.clip_cov_ratio * valid.sum().item()), 1)
+    chosen = candidates[torch.randperm(len(candidates))[:count]] if len(candidates) else candidates
+    stopped = torch.zeros_like(valid)
+    stopped[chosen[:, 0], chosen[:, 1]] = True
+    loss = torch.maximum(unclipped, clipped).masked_fill(stopped, 0.0)  # value and gradient 0, as verl's corr = 0
+    return loss, ratio.detach(), {"cov_stopped_frac": stopped}
+
+
+def kl_cov_token_loss(t: Tokens, cfg: LossConfig):
+    """KL-Cov (arXiv 2505.22617 §5): no clip; the max(1, int(kl_cov_ratio * N)) tokens with the largest Cov(y_t)
+    get a KL penalty on the ratio,
+      loss = -d A + kl_cov_coef * |log d|   on those tokens,   -d A   elsewhere.
+    The top-k is taken over this call's response tokens in row-major order, as verl's kl_cov does.
+    """
+    ratio = torch.exp(t.log_ratio)
+    loss = -t.adv * ratio
+    valid = t.mask > 0
+    penalised = torch.zeros_like(valid)
+    n = int(valid.sum().item())
+    if n:
+        top = torch.topk(_token_covariance(t)[valid], max(1, int(n * cfg.kl_cov_ratio))).indices
+        penalised.view(-1)[torch.nonzero(valid.view(-1))[top, 0]] = True
+    loss = torch.where(penalised, loss + cfg.kl_cov_coef * t.log_ratio.abs(), loss)
+    return loss, ratio.detach(), {"cov_kl_frac": penalised}
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. The registry: each algorithm's loss and its own defaults
 # ---------------------------------------------------------------------------------------------
@@ -246,6 +329,10 @@ class Algorithm:
     # Every loss above is proportional to A, so a response with A = 0 gets no gradient from it and need not be
     # run. A loss with a term that is not (a KL to a reference, say) sets this False.
     zero_advantage_no_gradient: bool = True
+    # False where the loss picks tokens among those of one call (one micro-batch), as its reference code does: then
+    # splitting a mini-batch into micro-batches changes which tokens are picked, and the micro-batch losses do not
+    # add up to the one-piece mini-batch loss.
+    exact_over_micro_batches: bool = True
 
 
 _CLIP = ("eps_low", "eps_high", "loss_agg_mode")
@@ -270,13 +357,32 @@ ALGORITHMS = {
     "gspo": Algorithm(gspo_token_loss, dict(eps_low=3e-4, eps_high=4e-4, clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-mean"),
                       _CLIP, "arXiv 2507.18071", "GSPO-token: sequence ratio `s = exp(mean_t log d)`, clipped per sequence",
                       dynamic_clip=False),
+    # SAPO: verl and TRL aggregate per response (seq-mean-token-mean) and apply no clip and no dual clip
+    "sapo": Algorithm(sapo_token_loss, dict(clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-mean", tau_pos=1.0, tau_neg=1.05),
+                      ("loss_agg_mode", "tau_pos", "tau_neg"), "arXiv 2511.20347",
+                      "`-sigmoid(tau (d - 1)) 4 / tau * A`, `tau = tau_pos` if `A > 0` else `tau_neg`", dynamic_clip=False),
+    # Clip-Cov: the paper's and verl's r = 2e-4, bounds (1, 5), PPO-clip range 0.2, token-mean, no dual clip
+    "clip_cov": Algorithm(clip_cov_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=0.0, loss_agg_mode="token-mean",
+                                                    clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0),
+                          _CLIP + ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"), "arXiv 2505.22617 (Clip-Cov)",
+                          "PPO-clip; no gradient for `clip_cov_ratio` of the tokens with `Cov` in `(lb, ub)`, drawn at random",
+                          dynamic_clip=False, zero_advantage_no_gradient=False, exact_over_micro_batches=False),
+    # KL-Cov: the paper's 7B run (k = 2e-3, coefficient 1); verl's yaml defaults are 2e-4 and 0.1
+    "kl_cov": Algorithm(kl_cov_token_loss, dict(clip_ratio_c=0.0, loss_agg_mode="token-mean", kl_cov_ratio=2e-3, kl_cov_coef=1.0),
+                        ("loss_agg_mode", "kl_cov_ratio", "kl_cov_coef"), "arXiv 2505.22617 (KL-Cov)",
+                        "`-d A`, plus `kl_cov_coef * abs(log d)` on the `kl_cov_ratio` of tokens with the largest `Cov`",
+                        dynamic_clip=False, zero_advantage_no_gradient=False, exact_over_micro_batches=False),
 }
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 DYNAMIC_SCHEDULES = ("id", "did", "od")
 DYNAMIC_CLIPS = ("none",) + DYNAMIC_SCHEDULES
+KL_ESTIMATORS = ("k1", "k2", "k3")
+SWITCH = (False, True)
 # Fields every algorithm reads: the terms added to the policy loss, and how it is weighted.
-COMMON_FIELDS = ("norm_len", "entropy_coef", "positive_lm_coef", "dynamic_clip")
+COMMON_FIELDS = ("norm_len", "entropy_coef", "positive_lm_coef", "dynamic_clip", "top_entropy_quantile", "kl_coef",
+                 "kl_estimator", "adaptive_entropy", "entropy_target", "entropy_coef_delta", "entropy_coef_min",
+                 "entropy_coef_max")
 
 
 def algorithm_table() -> str:
@@ -311,6 +417,11 @@ def config_problems(cfg: LossConfig) -> list[tuple[str, str]]:
     if not bad & {"algo", "dynamic_clip"} and cfg.dynamic_clip != "none" and not ALGORITHMS[cfg.algo].dynamic_clip:
         problems.append(("dynamic_clip", f"dynamic_clip does not apply to {cfg.algo}: dynamic clipping applies to "
                                          f"{[a for a, s in ALGORITHMS.items() if s.dynamic_clip]}"))
+    if not bad & {"clip_cov_lb", "clip_cov_ub"} and cfg.clip_cov_lb >= cfg.clip_cov_ub:
+        problems.append(("clip_cov_lb", f"clip_cov_lb must be below clip_cov_ub = {cfg.clip_cov_ub}, got {cfg.clip_cov_lb!r}"))
+    if not bad & {"entropy_coef_min", "entropy_coef_max"} and cfg.entropy_coef_min > cfg.entropy_coef_max:
+        problems.append(("entropy_coef_min", f"entropy_coef_min must be at most entropy_coef_max = {cfg.entropy_coef_max}, "
+                                             f"got {cfg.entropy_coef_min!r}"))
     return problems
 
 
@@ -322,8 +433,11 @@ def ignored_fields(cfg: LossConfig) -> list[str]:
 
 def skips_zero_advantage(cfg: LossConfig) -> bool:
     """Whether a response with A = 0 gets no gradient under cfg, so that train.py need not run it: declared by
-    the algorithm, and false as soon as a term that is not proportional to A is on."""
-    return ALGORITHMS[cfg.algo].zero_advantage_no_gradient and not cfg.entropy_coef and not cfg.positive_lm_coef
+    the algorithm, and false as soon as a term that is not proportional to A is on (an entropy bonus, fixed or
+    adaptive; the positive-example LM loss; the KL to the reference). Also false under the top-entropy mask: its
+    quantile is taken over every token of the call, as TRL's, so leaving responses out would move it."""
+    return (ALGORITHMS[cfg.algo].zero_advantage_no_gradient and not cfg.entropy_coef and not cfg.adaptive_entropy
+            and not cfg.positive_lm_coef and not cfg.kl_coef and cfg.top_entropy_quantile == 1.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,7 +476,7 @@ def aggregate(token_loss, mask, mode="token-mean", totals: Totals = Totals(), no
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 cfg: LossConfig = LossConfig(), *, totals: Totals = Totals(), entropy: torch.Tensor | None = None,
                 correct: torch.Tensor | None = None, weights: torch.Tensor | None = None, progress: float = 0.0,
-                od_state: int = 0):
+                od_state: int = 0, ref_logp: torch.Tensor | None = None):
     """The loss of cfg.algo (minimised) with its extra terms, and its diagnostics.
 
     logp       [B, T] log pi_theta of the sampled tokens (with grad), e.g. from logprobs.model_logprobs
@@ -372,10 +486,12 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     cfg        the hyperparameters (loss_config(algo, ...) fills in the algorithm's defaults)
     totals     the mini-batch's counts when this call sees one micro-batch (exact means)
     entropy    [B, T] per-token entropy: reports the four entropy-sensitive regions; with cfg.entropy_coef it
-               must carry gradient, and the bonus -entropy_coef * mean(entropy) joins the loss
+               must carry gradient, and the bonus -entropy_coef * mean(entropy) joins the loss; with
+               cfg.top_entropy_quantile < 1 it picks the tokens the policy term trains on
     correct    [B] bool, for cfg.positive_lm_coef: + coef * NLL(correct responses)
     weights    [B, T] detached per-token weights on the policy term (an importance weight: correction.py)
     progress, od_state: training progress k/T and the oscillatory-decay state, for cfg.dynamic_clip
+    ref_logp   [B, T] log pi_ref of the same tokens (no grad), for cfg.kl_coef: + kl_coef * mean(KL estimate)
 
     Returns (loss, metrics); metrics are detached 0-d tensors, token means over this call's response tokens
     (pg_loss and the extra terms: their values as aggregated).
@@ -399,6 +515,11 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) * mask
     tokens = Tokens(logp, log_ratio, advantages.to(logp.dtype), mask, eps_low, eps_high)
     token_loss, ratio, extra = ALGORITHMS[cfg.algo].token_loss(tokens, cfg)
+    if cfg.top_entropy_quantile < 1.0:  # "Beyond the 80/20 rule": the policy term on high-entropy tokens only
+        if entropy is None:
+            raise ValueError("top_entropy_quantile needs the per-token entropy (entropy=...)")
+        forking = high_entropy_tokens(entropy.detach(), mask, cfg.top_entropy_quantile)
+        token_loss, extra = token_loss * forking, {**extra, "entropy_kept_frac": forking}
     if weights is not None:  # a detached weight per token on the policy term (sampler/trainer mismatch)
         token_loss = token_loss * weights
     pg_loss = aggregate(token_loss, mask, cfg.loss_agg_mode, totals, cfg.norm_len)
@@ -413,6 +534,11 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
             raise ValueError("positive_lm_coef needs correct= (which responses are correct)")
         lm = positive_example_lm_loss(logp, mask, correct, num_tokens=totals.correct_tokens)
         loss, terms["positive_lm_loss"] = loss + cfg.positive_lm_coef * lm, lm
+    if cfg.kl_coef:  # GRPO Eq. 3: - beta D_KL(pi_theta || pi_ref), aggregated like the policy term (verl's kl_loss)
+        if ref_logp is None or ref_logp.shape != logp.shape:
+            raise ValueError("kl_coef needs the reference model's log-probs of the same tokens (ref_logp=...)")
+        kl = aggregate(kl_estimate(logp, ref_logp, cfg.kl_estimator, mask), mask, cfg.loss_agg_mode, totals, cfg.norm_len)
+        loss, terms["kl_loss"] = loss + cfg.kl_coef * kl, kl
     metrics = {k: v.detach() for k, v in terms.items()}
     metrics.update(_metrics(logp, log_ratio, tokens.adv, mask, ratio, extra, eps_low, eps_high, entropy))
     return loss, metrics
@@ -565,4 +691,61 @@ def positive_example_lm_loss(logp: torch.Tensor, mask: torch.Tensor, correct: to
     selected = mask.to(logp.dtype) * correct.to(logp.dtype).unsqueeze(-1)
     denom = selected.sum() if num_tokens is None else num_tokens
     return -(logp * selected).sum() / torch.as_tensor(denom, dtype=logp.dtype).clamp(min=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. Options for every algorithm: top-entropy tokens, the KL to a reference, adaptive entropy
+# ---------------------------------------------------------------------------------------------
+
+def high_entropy_tokens(entropy: torch.Tensor, mask: torch.Tensor, rho: float) -> torch.Tensor:
+    """"Beyond the 80/20 rule" (arXiv 2506.01939): 1 on the response tokens whose entropy is at least the
+    (1 - rho) quantile of this call's response-token entropies (the "forking" tokens), 0 elsewhere.
+
+    The quantile interpolates linearly (torch.quantile), as TRL's get_high_entropy_mask. The masked-out tokens still
+    count in the token mean (TRL multiplies the per-token loss by the mask; the denominator keeps every token).
+    """
+    valid = mask > 0
+    if not valid.any():
+        return torch.zeros_like(mask)
+    threshold = torch.quantile(entropy[valid], 1.0 - rho)
+    return ((entropy >= threshold) & valid).to(mask.dtype)
+
+
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3", mask: torch.Tensor | None = None):
+    """Per-token estimate of KL(pi_theta || pi_ref) from the sampled token, x = log(pi_ref / pi_theta):
+      k1 = -x            (verl "kl")
+      k2 = x^2 / 2       (verl "mse")
+      k3 = e^x - x - 1   (GRPO Eq. 4; verl "low_var_kl"; TRL's per_token_kl): unbiased, >= 0
+    x is clamped to +-LOG_RATIO_CLAMP (so e^x cannot overflow) and set to 0 on padding. verl also clamps k3 to
+    [-10, 10]; here it is not (TRL does not either): a token whose k3 exceeds 10 keeps its gradient.
+    """
+    x = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if mask is not None:
+        x = x * mask
+    if estimator == "k1":
+        return -x
+    if estimator == "k2":
+        return 0.5 * x.square()
+    if estimator == "k3":
+        return torch.exp(x) - x - 1
+    raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+
+
+# Adaptive entropy control (Skywork-OR1, arXiv 2505.22312): the entropy bonus -alpha_k H with
+#   alpha_k = c_k * 1[e_{k-1} <= target],   c_{k+1} = clip(c_k + delta if e_k <= target else c_k - delta, min, max),
+# c_0 = entropy_coef, e_k the mean token entropy of step k. The coefficient is applied only while entropy is at or
+# below the target, and the controller keeps moving either way. e_{k-1}: the entropy of the previous step, as TRL
+# (use_adaptive_entropy) measures it; none before the first step, so step 1 applies no bonus. State between steps:
+# (c_k, e_{k-1}), held in train.py's loop state and checkpointed.
+
+def adaptive_entropy_coef(cfg: LossConfig, coef: float, last_entropy: float | None) -> float:
+    """alpha_k: the coefficient to apply this step, from the controller's state."""
+    return coef if last_entropy is not None and last_entropy <= cfg.entropy_target else 0.0
+
+
+def next_entropy_coef(cfg: LossConfig, coef: float, entropy: float) -> float:
+    """c_{k+1} from c_k and this step's mean token entropy e_k."""
+    if entropy <= cfg.entropy_target:
+        return min(coef + cfg.entropy_coef_delta, cfg.entropy_coef_max)
+    return max(coef - cfg.entropy_coef_delta, cfg.entropy_coef_min)
 

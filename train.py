@@ -70,7 +70,7 @@ def main(args: Args):
         update = old_logprobs(policy, minis, args.rollout_correction, args.rollout_correction_threshold) if kept else {}
         # 6. one optimizer step per mini-batch of kept groups
         if kept:
-            update.update(update_policy(policy, minis, args.loss, progress=min(1.0, step / args.max_steps),
+            update.update(update_policy(policy, minis, step_loss_config(args.loss, run.loop), progress=min(1.0, step / args.max_steps),
                                         od_state=run.loop["od_state"], step=step))
         update["lr"] = policy.optimizer.param_groups[0]["lr"]
         policy.scheduler.step()
@@ -173,6 +173,10 @@ def end_step(run: Run, args, s: Step):
         loop["od_state"] = L.oscillatory_decay_state(loop["od_state"], row["entropy"], min(1.0, done / args.max_steps),
                                                      loop["initial_entropy"], L.DynamicClip(schedule="od"))
         row["od_state"] = loop["od_state"]
+    if args.loss.adaptive_entropy and "entropy" in row:  # Skywork-OR1: the coefficient for the next step
+        row["entropy_coef"] = step_loss_config(args.loss, loop).entropy_coef  # the one this step applied
+        loop["entropy_coef"] = L.next_entropy_coef(args.loss, loop.get("entropy_coef", args.loss.entropy_coef), row["entropy"])
+        loop["last_entropy"] = row["entropy"]
     if args.eval_every and (done % args.eval_every == 0 or done == args.max_steps):
         row["eval_acc"], row["eval_seed"] = evaluate_policy(run.sampler, run.policy.model, run.tokenizer, run.eval_rows,
                                                             args, s.index, run.device)
@@ -191,6 +195,16 @@ def end_step(run: Run, args, s: Step):
         RF.save_checkpoint(args.output_dir, done, args.keep_checkpoints, run.policy.model, run.tokenizer,
                            run.policy.optimizer, {"scheduler": run.policy.scheduler.state_dict(), "data": run.stream.state(),
                                                   "loop": loop, "flags": flags.flat_flags(args)})
+
+
+def step_loss_config(cfg: L.LossConfig, loop: dict) -> L.LossConfig:
+    """The step's objective: cfg, with --adaptive-entropy's coefficient for this step (loss.adaptive_entropy_coef)
+    from the controller's state in the loop state (checkpointed, so a resumed run applies what an uninterrupted one
+    would)."""
+    if not cfg.adaptive_entropy:
+        return cfg
+    return L.replace(cfg, entropy_coef=L.adaptive_entropy_coef(cfg, loop.get("entropy_coef", cfg.entropy_coef),
+                                                               loop.get("last_entropy")))
 
 
 def evaluate_policy(sampler, model, tokenizer, rows, args, step, device):
@@ -316,6 +330,10 @@ def old_logprobs(policy, minis: list[MiniBatch], rollout_correction="none", thre
         for mini in (minis if correcting else minis[1:]):
             for mb in mini.micro:
                 mb["old_logp"], mb["old_entropy"], mb["kept"] = response_logprobs(policy, mb, truncation=correcting)
+        if policy.ref_model is not None:  # --kl-coef: log pi_ref of every token, the first mini-batch's included
+            for mini in minis:
+                for mb in mini.micro:
+                    mb["ref_logp"] = response_logprobs(policy, mb, model=policy.ref_model)[0]
     if not correcting:
         return {}
     return correction.correct([m.micro for m in minis], rollout_correction, threshold, policy.device)
@@ -338,7 +356,7 @@ def update_policy(policy, minis: list[MiniBatch], cfg: L.LossConfig, progress=0.
     return out
 
 
-LOSS_TERMS = ("pg_loss", "entropy_bonus", "positive_lm_loss")  # reported as their mean over mini-batches
+LOSS_TERMS = ("pg_loss", "entropy_bonus", "positive_lm_loss", "kl_loss")  # reported as their mean over mini-batches
 
 
 def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, progress=0.0, od_state=0, step=0) -> tuple[dict, float]:
@@ -352,8 +370,9 @@ def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, progress=0.0, od_
         if "old_logp" not in mb:  # the first mini-batch: no update yet since sampling, old = current
             mb["old_logp"], mb["old_entropy"] = logp.detach(), entropy.detach()
         loss, m = L.policy_loss(logp, mb["old_logp"], mb["advantages"], mb["response_mask"], cfg, totals=mini.totals,
-                                entropy=entropy if cfg.entropy_coef else mb["old_entropy"], correct=mb["correct"],
-                                weights=mb.get("weights"), progress=progress, od_state=od_state)
+                                entropy=entropy if cfg.entropy_coef or cfg.top_entropy_quantile < 1 else mb["old_entropy"],
+                                correct=mb["correct"], weights=mb.get("weights"), progress=progress, od_state=od_state,
+                                ref_logp=mb.get("ref_logp"))
         if bad_loss is None and not torch.isfinite(loss):
             bad_loss = loss.item()
         loss.backward()
@@ -405,6 +424,7 @@ class Policy:
     fused: bool  # log-probs from hidden states (logprobs.py) instead of from full logits
     micro_batch_size: int
     grad_clip: float
+    ref_model: torch.nn.Module | None = None  # the frozen initial model of --kl-coef (None when the coefficient is 0)
 
 
 def load_policy(args, model_path, device, prompts):
@@ -432,7 +452,11 @@ def load_policy(args, model_path, device, prompts):
     if args.fused_logprobs and not fused:
         print("fused log-probs do not match this model's logits (its head post-processes them); using full logits")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return make_policy(args, model, optimizer, pad_id, device, fused), tokenizer
+    policy = make_policy(args, model, optimizer, pad_id, device, fused)
+    if args.loss.kl_coef:  # a second copy of the starting weights, frozen, sharded like the policy (README: its memory)
+        ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).requires_grad_(False).eval()
+        policy.ref_model = D.shard_model(ref, args.precision) if D.world_size() > 1 else ref.to(device)
+    return policy, tokenizer
 
 
 def make_policy(args, model, optimizer, pad_id, device, fused=False) -> Policy:
@@ -479,14 +503,14 @@ def padding_micro_batch(pad_id, device):
     return mb
 
 
-def response_logprobs(policy: Policy, mb, grad=False, truncation=False):
+def response_logprobs(policy: Policy, mb, grad=False, truncation=False, model=None):
     """(log-probs, entropy, truncation or None) of the response tokens under softmax(logits / temperature); with
     truncation, what the sampler's top-p / top-k keeps under this distribution (logprobs.Truncation), for the
-    rollout correction."""
+    rollout correction. model: another model of the same architecture (the KL reference) instead of the policy's."""
     import logprobs
     with torch.enable_grad() if grad else torch.no_grad():
         out = logprobs.model_logprobs(
-            policy.model, mb["input_ids"], mb["attention_mask"], mb["position_ids"], mb["response_ids"],
+            policy.model if model is None else model, mb["input_ids"], mb["attention_mask"], mb["position_ids"], mb["response_ids"],
             temperature=policy.temperature, autocast_dtype=torch.bfloat16 if policy.bf16 else None, fused=policy.fused,
             truncation=(policy.top_p, policy.top_k) if truncation else None)
     return out[0], out[1], (out[2] if truncation else None)

@@ -24,6 +24,13 @@ CONFIGS = {
     "ce_gppo_0.5_1_dyn_id": ["--algo", "ce_gppo", "--beta1", "0.5", "--beta2", "1", "--dynamic-clip", "id"],
     "entropy_0.001": PPO + ["--entropy-coef", "0.001"],  # the paper's §4 entropy-regularisation baseline values
     "entropy_0.003": PPO + ["--entropy-coef", "0.003"],
+    # entropy control from other papers, each with its own defaults (loss.py; README "Entropy control")
+    "sapo": ["--algo", "sapo"],
+    "clip_cov": ["--algo", "clip_cov"],
+    "kl_cov": ["--algo", "kl_cov"],
+    "top_entropy_0.2": ["--algo", "dapo", "--top-entropy-quantile", "0.2"],  # "Beyond the 80/20 rule" trains DAPO
+    "adaptive_entropy": ["--algo", "grpo", "--adaptive-entropy"],  # Skywork-OR1's target 0.2, step 0.005, from 0
+    "grpo_kl_0.04": ["--algo", "grpo", "--kl-coef", "0.04", "--kl-estimator", "k3"],  # the GRPO paper's KL penalty
 }
 
 # What each tool runs unless told otherwise.

@@ -1,0 +1,241 @@
+"""The entropy-control methods against their reference implementations, in float64 on one fixed batch.
+
+verl (volcengine/verl, core_algos.py at commit b178a3cd56f58b2d502255daba591e92833930a7): SAPO, Clip-Cov, KL-Cov, the KL
+loss. Its numbers were computed once by running those functions on `batch()` and are hard-coded below (verl is not a
+dependency). TRL 1.16.0 (GRPOTrainer._compute_loss): SAPO, the top-entropy mask, the k3 KL penalty, adaptive entropy.
+Its numbers are hard-coded too, and where TRL is installed (requirements-bench.txt) the test also calls TRL itself.
+
+Each case compares the loss and a fingerprint of its gradient with respect to log pi: (sum |g|, sum g * (1 + index)).
+Tolerance 1e-9 where the two computations are the same math. Where verl divides each response's token sum by
+(length + 1e-8) (seq-mean-token-mean), the difference is that 1e-8: relative tolerance 1e-8 there.
+"""
+
+import importlib.util
+import math
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import loss as L
+
+VERL_COMMIT = "b178a3cd56f58b2d502255daba591e92833930a7"
+
+
+def batch():
+    """4 responses of up to 6 tokens (two padded), ratios in exp(+-0.6), A = 1.5, -2, 0, -0.7; entropies exact in
+    float32 (TRL takes its quantile in float32)."""
+    i = torch.arange(24, dtype=torch.float64).view(4, 6)
+    old = -(0.05 + 3.0 * (0.5 + 0.5 * torch.sin(1.7 * i + 0.3)))
+    logp = old + 0.6 * torch.sin(2.3 * i + 1.1)
+    adv = torch.tensor([[1.5], [-2.0], [0.0], [-0.7]], dtype=torch.float64)
+    mask = torch.ones(4, 6, dtype=torch.float64)
+    mask[0, 4:] = 0
+    mask[3, 5:] = 0
+    entropy = (0.1 + 2.0 * (0.5 + 0.5 * torch.cos(0.9 * i))).float().double()
+    return logp, old, adv, mask, entropy
+
+
+def fingerprint(loss, grad):
+    weights = torch.arange(1, grad.numel() + 1, dtype=grad.dtype).view_as(grad)
+    return [loss, grad.abs().sum().item(), (grad * weights).sum().item()]
+
+
+def ours(cfg, *, seed=None, ref=False, entropy_grad=False):
+    """(loss, gradient wrt log pi, gradient wrt the entropy) of policy_loss on batch(); ref: the KL reference is `old`
+    and the policy term sees old = logp (ratio 1)."""
+    logp, old, adv, mask, entropy = batch()
+    logp.requires_grad_(True)
+    entropy.requires_grad_(entropy_grad)
+    if seed is not None:
+        torch.manual_seed(seed)
+    loss, metrics = L.policy_loss(logp, logp.detach() if ref else old, adv, mask, cfg, entropy=entropy,
+                                  ref_logp=old if ref else None)
+    loss.backward()
+    return loss.item(), logp.grad, entropy.grad
+
+
+# --- verl ------------------------------------------------------------------------------------------
+
+# name: (our config, torch seed before the call, verl's fingerprint)
+VERL = {
+    # compute_policy_loss_sapo (tau_pos 1.0, tau_neg 1.05; always seq-mean-token-mean, lengths + 1e-8)
+    "sapo": (L.loss_config("sapo"), None, None),
+    "sapo_tau": (L.loss_config("sapo", tau_pos=0.5, tau_neg=2.0), None, None),
+    # compute_policy_loss_clip_cov, clip range 0.2; the default draws one token of the 21 (int(2e-4 * 21) -> 1)
+    "clip_cov_default": (L.loss_config("clip_cov"), 0, None),
+    "clip_cov_all": (L.loss_config("clip_cov", clip_cov_ratio=0.5, clip_cov_lb=0.0, clip_cov_ub=100.0), 0, None),
+    "clip_cov_draw": (L.loss_config("clip_cov", clip_cov_ratio=0.15, clip_cov_lb=0.0, clip_cov_ub=100.0), 0, None),
+    # compute_policy_loss_kl_cov with verl's yaml defaults, and a wide one
+    "kl_cov_default": (L.loss_config("kl_cov", kl_cov_ratio=2e-4, kl_cov_coef=0.1), None, None),
+    "kl_cov_wide": (L.loss_config("kl_cov", kl_cov_ratio=0.2, kl_cov_coef=1.0), None, None),
+}
+# kl_penalty(logp, ref, type) aggregated by agg_loss: verl's kl_loss (its "kl", "mse", "low_var_kl")
+for _est in L.KL_ESTIMATORS:
+    for _mode in ("token-mean", "seq-mean-token-mean"):
+        VERL[f"kl_{_est}_{_mode}"] = (L.loss_config("grpo", kl_coef=1.0, kl_estimator=_est, loss_agg_mode=_mode), "ref", None)
+
+VERL_NUMBERS = {}
+VERL_NUMBERS.update({  # verl b178a3c, on batch()
+    'clip_cov_all': [0.34920332462110515, 0.43746777684867466, 4.321403956849063],
+    'clip_cov_default': [0.4900650964339787, 0.6809907033092979, 6.977699288779432],
+    'clip_cov_draw': [0.6445432083904741, 0.7328076606180436, 7.654244543678935],
+    'kl_cov_default': [0.4930213845303316, 1.2131439634730432, 9.447722017144718],
+    'kl_cov_wide': [0.5786778580464764, 1.3131439634730433, 10.619150588573289],
+    'kl_k1_seq-mean-token-mean': [0.05701595591935292, 0.9999999980416667, 12.124999977520833],
+    'kl_k1_token-mean': [0.04988940426198026, 1.0, 12.619047619047617],
+    'kl_k2_seq-mean-token-mean': [0.09648782769006223, 0.3997441143693279, 0.41728112127610484],
+    'kl_k2_token-mean': [0.09580251777256682, 0.39845802917287687, 0.425938093874984],
+    'kl_k3_seq-mean-token-mean': [0.095225922350144, 0.3984068090894236, -0.7747569253116507],
+    'kl_k3_token-mean': [0.09528588459585151, 0.4004505285412815, -0.8012854042412791],
+    'sapo': [0.5385627578280684, 1.1527524013237198, 7.870355923157779],
+    'sapo_tau': [-0.8388290442581079, 1.06611037461365, 6.212083900077429],
+})
+
+
+@pytest.mark.parametrize("name", sorted(VERL))
+def test_equals_verl(name):
+    cfg, seed, _ = VERL[name]
+    if seed == "ref":  # the KL term alone: A = 0 here makes the policy term 0 (TRL and verl add the two terms alike)
+        logp, old, adv, mask, entropy = batch()
+        logp.requires_grad_(True)
+        loss, m = L.policy_loss(logp, logp.detach(), adv * 0, mask, cfg, ref_logp=old)
+        loss.backward()
+        got = fingerprint(m["kl_loss"].item(), logp.grad)
+    else:
+        value, grad, _ = ours(cfg, seed=seed)
+        got = fingerprint(value, grad)
+    relative = 1e-8 if cfg.loss_agg_mode == "seq-mean-token-mean" else 0  # verl's length + 1e-8
+    assert got == pytest.approx(VERL_NUMBERS[name], abs=1e-9, rel=relative), (name, got)
+
+
+# --- TRL -------------------------------------------------------------------------------------------
+
+def trl_loss(loss_type, *, eps=(0.2, 0.2), taus=(1.0, 1.05), beta=0.0, rho=1.0, entropy_coef=0.0, adaptive=False,
+             last_entropy=math.inf):
+    """TRL's GRPOTrainer._compute_loss on batch(), one process, one micro-batch per optimizer step, the model's forward
+    replaced by batch()'s tensors. Returns (loss, d loss / d logp, d loss / d entropy, the trainer-like object)."""
+    from trl.trainer.grpo_trainer import GRPOTrainer
+    logp, old, adv, mask, entropy = batch()
+    logp.requires_grad_(True)
+    entropy.requires_grad_(True)
+
+    class OneProcess:
+        num_processes, sync_gradients = 1, True
+        pad_across_processes = staticmethod(lambda x, dim=0, pad_index=0: x)
+        gather = gather_for_metrics = staticmethod(lambda x: x)
+        reduce = staticmethod(lambda x, reduction="sum": x)
+
+    args = SimpleNamespace(use_bias_correction_kl=False, sapo_temperature_pos=taus[0], sapo_temperature_neg=taus[1], delta=None,
+                           entropy_target=0.2, entropy_coef_delta=0.005, entropy_coef_min=0.0, entropy_coef_max=1.0,
+                           steps_per_generation=1)
+    trainer = SimpleNamespace(
+        accelerator=OneProcess(), args=args, loss_type=loss_type, beta=beta, top_entropy_quantile=rho,
+        epsilon_low=eps[0], epsilon_high=eps[1], off_policy_mask_threshold=None, importance_sampling_level="token",
+        use_vllm=False, aux_loss_enabled=False, model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1,
+        entropy_coef=entropy_coef, use_adaptive_entropy=adaptive, _entropy_bonus_enabled=bool(entropy_coef) or adaptive,
+        _last_world_entropy=last_entropy, _entropy_window_stats=None, _metrics={"train": defaultdict(list)})
+    trainer.get_high_entropy_mask = lambda *a: GRPOTrainer.get_high_entropy_mask(trainer, *a)
+    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logp, entropy, None)
+    inputs = {"prompt_ids": torch.zeros(4, 1, dtype=torch.long), "prompt_mask": torch.ones(4, 1, dtype=torch.long),
+              "completion_ids": torch.zeros(4, 6, dtype=torch.long), "completion_mask": mask, "advantages": adv[:, 0],
+              "old_per_token_logps": old if beta == 0 else logp.detach(), "ref_per_token_logps": old,
+              "num_items_in_batch": mask.sum()}
+    loss = GRPOTrainer._compute_loss(trainer, None, inputs)
+    loss.backward()
+    return loss.item(), logp.grad, entropy.grad, trainer
+
+
+# name: (TRL's call, our config, our options); TRL_NUMBERS holds TRL 1.16.0's fingerprints (with the gradient wrt the
+# entropy where there is a bonus)
+TRL = {
+    # TRL builds its SAPO temperatures as float32 (torch.where of two Python floats): 1.05 becomes 1.0499999523, a
+    # difference of ~7e-8 in the loss here (TRL_TOLERANCE); ours are exact in the loss's dtype, as verl's. Temperatures
+    # exact in float32 give the same numbers.
+    "sapo": (dict(loss_type="sapo"), L.loss_config("sapo"), {}),
+    "sapo_exact_taus": (dict(loss_type="sapo", taus=(1.0, 1.25)), L.loss_config("sapo", tau_neg=1.25), {}),
+    # the top-entropy mask, rho = 0.2, on per-response (TRL "grpo") and token-mean (TRL "dapo", eps 0.2 / 0.28) losses
+    "top_entropy_grpo": (dict(loss_type="grpo", rho=0.2), L.loss_config("grpo", top_entropy_quantile=0.2), {}),
+    "top_entropy_dapo": (dict(loss_type="dapo", eps=(0.2, 0.28), rho=0.2), L.loss_config("dapo", top_entropy_quantile=0.2), {}),
+    "top_entropy_sapo_half": (dict(loss_type="sapo", taus=(1.0, 1.25), rho=0.5),
+                              L.loss_config("sapo", tau_neg=1.25, top_entropy_quantile=0.5), {}),
+    # the k3 KL penalty with the GRPO paper's beta 0.04 (the policy term at ratio 1)
+    "kl_k3_grpo": (dict(loss_type="grpo", beta=0.04), L.loss_config("grpo", kl_coef=0.04), dict(ref=True)),
+    # adaptive entropy: a coefficient of 0.3 applied (the last entropy 0.1 is below the 0.2 target), token-mean
+    "adaptive_applied": (dict(loss_type="dapo", eps=(0.2, 0.28), entropy_coef=0.3, adaptive=True, last_entropy=0.1),
+                         L.loss_config("dapo", adaptive_entropy=True, entropy_coef=0.3), dict(entropy_grad=True)),
+    # ... and not applied (the last entropy 0.25 is above the target)
+    "adaptive_idle": (dict(loss_type="dapo", eps=(0.2, 0.28), entropy_coef=0.3, adaptive=True, last_entropy=0.25),
+                      L.loss_config("dapo", adaptive_entropy=True, entropy_coef=0.0), dict(entropy_grad=True)),
+}
+TRL_NUMBERS = {}
+TRL_NUMBERS.update({  # TRL 1.16.0 GRPOTrainer._compute_loss, on batch()
+    'adaptive_applied': [0.2464495625361251, 0.8179527620057273, 8.210357817047298, 0.3, -3.7857142857142856],
+    'adaptive_idle': [0.6155985837018366, 0.8179527620057273, 8.210357817047298, 0.0, 0.0],
+    'kl_k3_grpo': [0.3038090369014439, 1.051063522129612, 7.456509722930282],
+    'sapo': [0.5385628170073982, 1.1527524086365601, 7.870356002693207],
+    'sapo_exact_taus': [0.33069147797242415, 1.1306195174494742, 7.577077630192534],
+    'top_entropy_dapo': [0.0452430954923803, 0.033814524063808866, 0.7101050053399862],
+    'top_entropy_grpo': [0.017671916933665988, 0.035505250266999314, 0.7456102556069856],
+    'top_entropy_sapo_half': [0.19940982058424273, 0.596182515870756, 4.1904664986843825],
+})
+TRL_TOLERANCE = {"sapo": 2e-7}  # TRL's float32 temperature (above); 1e-9 for the rest
+
+
+def our_trl_case(name):
+    _, cfg, options = TRL[name]
+    value, grad, entropy_grad = ours(cfg, **options)
+    got = fingerprint(value, grad)
+    if options.get("entropy_grad"):  # no bonus applied: no gradient reaches the entropy
+        got += fingerprint(0.0, torch.zeros(4, 6, dtype=torch.float64) if entropy_grad is None else entropy_grad)[1:]
+    return got
+
+
+def trl_case(name):
+    value, grad, entropy_grad, _ = trl_loss(**TRL[name][0])
+    got = fingerprint(value, grad)
+    if TRL[name][2].get("entropy_grad"):
+        got += fingerprint(0.0, entropy_grad)[1:]
+    return got
+
+
+@pytest.mark.parametrize("name", sorted(TRL))
+def test_equals_trl_numbers(name):
+    assert our_trl_case(name) == pytest.approx(TRL_NUMBERS[name], abs=TRL_TOLERANCE.get(name, 1e-9), rel=0)
+
+
+HAVE_TRL = importlib.util.find_spec("trl") is not None
+
+
+@pytest.mark.skipif(not HAVE_TRL, reason="TRL is not installed (pip install -r requirements-bench.txt); "
+                                         "test_equals_trl_numbers checks the same cases against TRL 1.16.0's numbers")
+def test_equals_trl_itself():
+    wrong = {}
+    for name in TRL:
+        got, want = our_trl_case(name), trl_case(name)
+        if got != pytest.approx(want, abs=TRL_TOLERANCE.get(name, 1e-9), rel=0):
+            wrong[name] = (got, want)
+    assert not wrong, wrong
+    # the controller: TRL's coefficient after a step of each entropy, against ours (c starts at 0.3)
+    cfg = L.loss_config("dapo", adaptive_entropy=True)
+    coef, last = 0.3, math.inf
+    for step_entropy_scale in (0.05, 0.5, 0.09, 2.0, 0.1):
+        _, _, _, trainer = trl_loss("dapo", entropy_coef=coef, adaptive=True, last_entropy=last)
+        measured = trainer._last_world_entropy
+        assert (L.adaptive_entropy_coef(cfg, coef, last) > 0) == (last <= 0.2)
+        coef, last = L.next_entropy_coef(cfg, coef, measured), measured
+        assert coef == pytest.approx(trainer.entropy_coef, abs=1e-12)
+
+
+def test_adaptive_entropy_controller():
+    """Skywork-OR1 / TRL: +delta at or below the target, -delta above it, within [min, max]; applied only when the
+    previous step's entropy was at or below the target, and not before the first step."""
+    cfg = L.loss_config("dapo", adaptive_entropy=True, entropy_coef_delta=0.1, entropy_coef_max=0.25)
+    assert L.adaptive_entropy_coef(cfg, 0.2, None) == 0.0
+    assert L.adaptive_entropy_coef(cfg, 0.2, 0.2) == 0.2 and L.adaptive_entropy_coef(cfg, 0.2, 0.21) == 0.0
+    coefs, c = [], 0.0
+    for entropy in (0.1, 0.2, 0.19, 0.5, 0.5, 0.5, 0.01):
+        c = L.next_entropy_coef(cfg, c, entropy)
+        coefs.append(round(c, 12))
+    assert coefs == [0.1, 0.2, 0.25, 0.15, 0.05, 0.0, 0.1]

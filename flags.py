@@ -212,7 +212,8 @@ def parse_args(argv=None, description: str = "", prog: str = "train.py") -> Args
     early.add_argument("--algo", default=None)
     early.add_argument("--config", default=None)
     known, _ = early.parse_known_args(argv)
-    parser = Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                    allow_abbrev=False)  # --max-step is a mistake to name, not a prefix to accept
     from_file, file_preset = read_config(known.config, parser) if known.config else ({}, None)
     preset = known.preset or file_preset or "tiny"
     if preset not in PRESETS:

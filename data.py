@@ -139,14 +139,45 @@ def read_records(path: str) -> list[tuple[str, dict]]:
     return records
 
 
+def hub_unreachable(what: str) -> str | None:
+    """None when the hub answers within 3 s (or HF_HUB_OFFLINE is set: the cache alone is used); otherwise the line
+    to show instead of the libraries' own minute of retries, with the ways to work offline."""
+    import socket
+    import urllib.parse
+
+    from huggingface_hub import constants
+    if constants.HF_HUB_OFFLINE:
+        return None
+    url = urllib.parse.urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=3).close()
+        return None
+    except OSError:
+        return (f"{what}: the hub cannot be reached and it is not in the local cache; give a local path, "
+                "set HF_HUB_OFFLINE=1 to use what is cached, or for benchmarks pass --data-dir")
+
+
 def _hub_records(source, split):
     try:
         import datasets
+        if not _dataset_cached(source):
+            problem = hub_unreachable(source)
+            if problem:
+                raise UserError(problem)
         data = datasets.load_dataset(source, split=split)
+    except UserError:
+        raise
     except Exception as e:  # a mistyped id, no network, no such split
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise UserError(f"{source}: could not load it as a hub dataset ({type(e).__name__}: {first[:200]})") from None
     return data, [(f"{source}: row {i}", r) for i, r in enumerate(data)]
+
+
+def _dataset_cached(source) -> bool:
+    """Whether datasets has a copy of this hub dataset on disk (its cache folder names the owner and dataset)."""
+    from datasets import config
+    folder = os.path.join(config.HF_DATASETS_CACHE, source.replace("/", "___"))
+    return os.path.isdir(folder)
 
 
 def load_rows(source: str, *, split: str = "train", seed: int = 0) -> list[dict]:

@@ -193,8 +193,12 @@ def check_fit(problems, tokenizer, max_tokens, context, benchmark, skip_long):
     return [p for p, _ in fits], sorted(skipped, key=str), max((n for _, n in fits), default=0)
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The docstring as written, and every flag's default."""
+
+
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="evaluate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="evaluate.py", description=__doc__, formatter_class=HelpFormatter)
     parser.error = lambda message: parser.exit(2, f"evaluate.py: error: {message}\n")  # one line
     parser.add_argument("--model", required=True, help="HF hub id or local path; 'tiny' (or 'tiny:<task>') for the project's tiny model")
     parser.add_argument("--benchmarks", default="aime24,aime25,hmmt25,math500,amc23",
@@ -207,7 +211,8 @@ def parse_args(argv=None):
     parser.add_argument("--data-dir", default=None, help="read the named benchmarks from local files in their public layouts instead of the hub")
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems of each benchmark (quick checks)")
     parser.add_argument("--skip-long", action="store_true", help="leave out (and record) problems whose prompt + max tokens exceed the model's context")
-    parser.add_argument("--output", default="results.json", help="where to write the JSON results")
+    parser.add_argument("--output", default="results.json", help="where to write the JSON results (an existing file needs --overwrite)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     parser.add_argument("--responses", action="store_true", help="also store every response text in the JSON")
     parser.add_argument("--compare", default=None, choices=sorted(PAPER), help="add the paper's rows for this model to the table")
     parser.add_argument("--sampler", default="auto", choices=["auto", "vllm", "hf"], help="sampling backend")
@@ -221,6 +226,8 @@ def parse_args(argv=None):
                                   ("--top-p", args.top_p, lambda v: 0 < v <= 1, "in (0, 1]")):
         if value is not None and not ok(value):
             parser.error(f"{name} must be {rule}, got {value}")
+    if os.path.isfile(args.output) and not args.overwrite:
+        parser.error(f"--output {args.output} exists; pass --overwrite to replace it, or choose another file")
     unknown = [b for b in args.benchmarks if not data.is_benchmark(b)]
     if unknown or not args.benchmarks:
         parser.error(f"unknown benchmark(s) {unknown}: give names from {sorted(data.BENCHMARKS) + data.task_names()} "

@@ -5,7 +5,9 @@ with exit code 2 (no usage block). Nothing here is about the algorithm; loss.Los
 
 import argparse
 import dataclasses
+import difflib
 import inspect
+import json
 import math
 import os
 import sys
@@ -18,52 +20,57 @@ import loss as L
 
 @dataclass
 class Args:
-    # --- what to train
-    model: str = "tiny"  # HF hub id or local path; "tiny" builds/reuses the project's warm-started tiny model
+    # --- model
+    model: str = "tiny"  # HF hub id or local path; "tiny" (or "tiny:<task>") builds/reuses the project's warm-started tiny model
+    precision: str = "fp32"  # bf16 (autocast, fp32 master weights) | fp32
+    gradient_checkpointing: bool = False  # recompute activations in backward to save memory
+    fused_logprobs: bool = True  # log-probs straight from hidden states, one chunk of logits at a time (logprobs.py)
+    # --- data
     train_data: str = "arith"  # hub dataset id, local .json/.jsonl/.parquet, or an offline task name
     eval_data: str = "auto"  # held-out problems for eval_acc: a benchmark name or file; auto = the task's own held-out set
-    # --- the objective: every field of loss.LossConfig is a flag of its own (--algo, --beta1, --eps-low, ...)
+    seed: int = 0  # seeds data order, sampling and initialisation
+    # --- algorithm: besides these, every field of loss.LossConfig is a flag of its own (--algo, --beta1, ...)
     loss: L.LossConfig = field(default_factory=L.LossConfig)
     scale_adv_by_std: bool = True  # GRPO advantages; --no-scale-adv-by-std = Dr. GRPO (r - mean)
     dynamic_sampling: bool = True  # drop groups whose accuracy has zero variance (official: on)
-    # --- optimiser
-    lr: float = 1e-4  # AdamW learning rate, constant after warm-up
-    warmup_steps: int = 0  # linear warm-up over the first optimizer updates (official: 10, first update at lr 0)
-    weight_decay: float = 0.0  # AdamW weight decay
-    grad_clip: float = 1.0  # max global gradient norm
-    # --- batch sizes
-    gen_prompts: int = 32  # prompts sampled per step
-    train_prompts: int = 32  # at most this many kept groups are trained on per step
-    mini_batch_prompts: int = 4  # prompts per optimizer step (train_prompts / this = optimizer steps per step)
-    micro_batch_size: int = 32  # sequences per forward/backward; gradients accumulate over micro-batches
-    n: int = 8  # responses per prompt
+    rollout_correction: str = "none"  # sampler/trainer mismatch weights (correction.py)
+    rollout_correction_threshold: float = 2.0  # C: TIS truncates the weight at C, MIS drops what exceeds C
     # --- sampling
+    gen_prompts: int = 32  # prompts sampled per step
+    n: int = 8  # responses per prompt
     temperature: float = 1.0  # rollout temperature; log-probs use the same temperature
     top_p: float = 1.0  # rollout nucleus sampling
     top_k: int = 0  # rollout top-k (0 = off)
     max_prompt_len: int = 64  # longer prompts are an error, found at start
     max_response_len: int = 48  # responses are truncated here
     min_response_len: int = 0  # no EOS before this many tokens (benchmarks: equal lengths on every side); 0 = off
-    sampler: str = "auto"  # auto | vllm | hf
+    sampler: str = "auto"  # which engine samples
     gpu_memory_utilization: float = 0.5  # share of GPU memory for vLLM (the rest is for training)
-    rollout_correction: str = "none"  # sampler/trainer mismatch weights (correction.py): none | token-tis | token-mis | seq-tis | seq-mis
-    rollout_correction_threshold: float = 2.0  # C: TIS truncates the weight at C, MIS drops what exceeds C
-    # --- system
-    precision: str = "fp32"  # bf16 (autocast, fp32 master weights) | fp32
-    gradient_checkpointing: bool = False  # recompute activations in backward to save memory
-    fused_logprobs: bool = True  # log-probs straight from hidden states, one chunk of logits at a time (logprobs.py)
-    seed: int = 0  # seeds data order, sampling and initialisation
-    output_dir: str = "runs/tiny"  # config.json, metrics.jsonl, samples.jsonl, checkpoints/, final/, curves.png
+    # --- optimisation
+    lr: float = 1e-4  # AdamW learning rate, constant after warm-up
+    warmup_steps: int = 0  # linear warm-up over the first optimizer updates (official: 10, first update at lr 0)
+    weight_decay: float = 0.0  # AdamW weight decay
+    grad_clip: float = 1.0  # max global gradient norm
+    train_prompts: int = 32  # at most this many kept groups are trained on per step (not given: follows --gen-prompts down)
+    mini_batch_prompts: int = 4  # prompts per optimizer step (train_prompts / this = optimizer steps per step)
+    micro_batch_size: int = 32  # sequences per forward/backward; gradients accumulate over micro-batches
     max_steps: int = 100  # training steps
+    # --- run folder
+    output_dir: str = "runs/tiny"  # config.json, metrics.jsonl, samples.jsonl, checkpoints/, final/, curves.png
     resume: bool = False  # continue from the latest checkpoint in output_dir (from step 0 if there is none)
     save_every: int = 25  # checkpoint every N steps (and at the end)
     keep_checkpoints: int = 2  # how many checkpoints to keep
-    # --- what you see
+    # --- logging
     eval_every: int = 25  # held-out avg@k (as evaluate.py computes it) every N steps and at the end; 0 = never
+    eval_before_train: bool = False  # also evaluate the starting weights (logged as step 0)
     log_samples_every: int = 10  # write a few prompts with their completions to samples.jsonl every N steps; 0 = never
     run_name: str = ""  # name for tensorboard / wandb; empty = the output folder's name
     tensorboard: bool = False  # also log to tensorboard (pip install -r requirements-logging.txt)
     wandb: bool = False  # also log to Weights & Biases (pip install -r requirements-logging.txt)
+
+
+# The values a string flag takes (each shown in --help and checked at start).
+CHOICES = {"precision": ("bf16", "fp32"), "sampler": ("auto", "vllm", "hf"), "rollout_correction": correction.MODES}
 
 
 # A preset sets what its official script sets, and names the algorithm that script runs: `algo_options` apply
@@ -73,23 +80,25 @@ PRESETS = {
     # The offline CPU default: ~3 minutes on 2 cores, no downloads. Larger lr than the paper's (a 3M-parameter
     # model), and up to 8 mini-batches per step so ratios leave the clip interval and CE-GPPO's terms act.
     "tiny": dict(algo="ce_gppo", algo_options={}),
-    # The offline task where the paper's regime can exist (tiny.py: sums with a free order): ~105-token responses
-    # with genuine choice points, and the paper's 256 -> 128 -> 16 scaled down to 32 -> 16 -> 2: up to 8 optimizer
-    # steps per rollout batch. lr 3e-4 of {1e-4, 3e-4, 5e-4, 1e-3} tried over 20 steps: 1e-4 clips 0.2% of tokens
-    # in the beta1 region, 5e-4 and 1e-3 drove accuracy to 0 within 5-20 steps.
+    # The offline task with ~105-token responses and genuine choice points (tiny.py: sums with a free order), and
+    # the paper's 256 -> 128 -> 16 scaled down to 32 -> 16 -> 2: up to 8 optimizer steps per rollout batch, so ratios
+    # leave the clip interval. How its lr was chosen: docs/cpu-reproduction.md.
     "sums": dict(model="tiny:sums", train_data="sums", lr=3e-4, gen_prompts=32, train_prompts=16, mini_batch_prompts=2,
                  micro_batch_size=16, max_prompt_len=96, max_response_len=192, output_dir="runs/sums", max_steps=150,
-                 save_every=25, eval_every=50, log_samples_every=15, algo="ce_gppo", algo_options={}),
+                 save_every=25, eval_every=50, eval_before_train=True, log_samples_every=15, algo="ce_gppo",
+                 algo_options={}),
     # Official CE-GPPO script for DeepSeek-R1-Distill-Qwen-1.5B. Code vs paper text: the 0.1 positive-example LM
     # loss and dual clip 10 are in the code, not the paper; the token mean is exact here (the official code
-    # approximates it per micro-batch).
+    # approximates it per micro-batch). Evaluation (not in the official training script's cadence): AIME24, the
+    # paper's headline benchmark and the smallest (30 problems x 32 samples), before training and with every
+    # checkpoint, so each saved policy has its score beside it; its 32k budget is capped to the sampler's context.
     "r1-distill-1.5b": dict(
         model="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", train_data="Kwai-Klear/KlearReasoner-MathSub-30K",
-        eval_data="", dynamic_sampling=True, lr=1e-6, warmup_steps=10, weight_decay=0.1, grad_clip=1.0,
+        dynamic_sampling=True, lr=1e-6, warmup_steps=10, weight_decay=0.1, grad_clip=1.0,
         gen_prompts=256, train_prompts=128, mini_batch_prompts=16, micro_batch_size=4, n=8,
         temperature=1.0, top_p=1.0, max_prompt_len=4096, max_response_len=16384,
         precision="bf16", gradient_checkpointing=True, output_dir="runs/r1-distill-1.5b",
-        max_steps=1000, save_every=50, eval_every=0,
+        max_steps=1000, save_every=50, eval_data="aime24", eval_every=50, eval_before_train=True,
         algo="ce_gppo", algo_options=dict(beta1=0.5, beta2=1.0, positive_lm_coef=0.1),
     ),
 }
@@ -106,16 +115,20 @@ ALIASES = {"n": ["--group-size"]}
 
 
 # ---------------------------------------------------------------------------------------------
-# Flags
+# Resolving and checking
 # ---------------------------------------------------------------------------------------------
 
 def resolve(preset: str, given: dict) -> Args:
     """The values a run uses: Args' defaults <- the preset <- the algorithm's defaults (<- the preset's options for
-    its own algorithm) <- what was given on the command line. Nothing is left to be decided later."""
+    its own algorithm) <- what was given (a --config file, then the command line). Nothing is left to be decided
+    later."""
     spec = PRESETS[preset]
     run = {f.name: f.default for f in RUN_FIELDS}
     run.update({k: v for k, v in spec.items() if k not in ("algo", "algo_options")})
     run.update({k: v for k, v in given.items() if k in run})
+    if "train_prompts" not in given:  # fewer prompts sampled: train on at most those, in whole mini-batches
+        fit = min(run["train_prompts"], run["gen_prompts"])
+        run["train_prompts"] = max(fit - fit % max(run["mini_batch_prompts"], 1), min(run["mini_batch_prompts"], fit))
     algo = given.get("algo", spec["algo"])
     options = dict(L.ALGORITHMS[algo].defaults) if algo in L.ALGORITHMS else {}
     if algo == spec["algo"]:
@@ -137,8 +150,14 @@ def flat_flags(args: Args) -> dict:
 
 
 def validate(a: Args) -> list[str]:
-    """Values out of range, found before anything is loaded."""
-    problems = [f"--{name.replace('_', '-')}{message[len(name):]}" for name, message in L.config_problems(a.loss)]
+    """Values out of range, found before anything is loaded; the first names the first real problem (a missing
+    data file before what depends on the data)."""
+    problems = []
+    for name in ("train_data", "eval_data"):
+        path = getattr(a, name)
+        if path.endswith(data.FILE_TYPES) and not os.path.exists(path):
+            problems.append(f"--{name.replace('_', '-')} {path}: no such file")
+    problems += [f"--{name.replace('_', '-')}{message[len(name):]}" for name, message in L.config_problems(a.loss)]
 
     def check(name, ok, rule):
         value = getattr(a, name)
@@ -155,9 +174,8 @@ def validate(a: Args) -> list[str]:
     check("n", lambda v: v >= 2, ">= 2 (group-relative advantages need a group)")
     check("top_p", lambda v: 0 < v <= 1, "in (0, 1]")
     check("gpu_memory_utilization", lambda v: 0 < v < 1, "in (0, 1)")
-    check("precision", lambda v: v in ("bf16", "fp32"), "bf16 or fp32")
-    check("sampler", lambda v: v in ("auto", "vllm", "hf"), "auto, vllm or hf")
-    check("rollout_correction", lambda v: v in correction.MODES, f"one of {correction.MODES}")
+    for name, options in CHOICES.items():
+        check(name, lambda v, options=options: v in options, f"one of {list(options)}{suggest(getattr(a, name), options)}")
     check("rollout_correction_threshold", lambda v: v > 1, "a finite number > 1")
     if problems:
         return problems
@@ -167,71 +185,156 @@ def validate(a: Args) -> list[str]:
         problems.append(f"--train-prompts ({a.train_prompts}) must be a multiple of --mini-batch-prompts ({a.mini_batch_prompts})")
     if (a.mini_batch_prompts * a.n) % a.micro_batch_size:
         problems.append(f"--micro-batch-size ({a.micro_batch_size}) must divide mini-batch-prompts x n = {a.mini_batch_prompts * a.n}")
-    if a.eval_every and not a.eval_data:
-        problems.append(f"--eval-every {a.eval_every} needs --eval-data (a benchmark name or file) for --train-data "
-                        f"{a.train_data}; or pass --eval-every 0")
+    if (a.eval_every or a.eval_before_train) and not a.eval_data:
+        problems.append(f"--eval-every {a.eval_every}{' and --eval-before-train' if a.eval_before_train else ''} need "
+                        f"--eval-data (a benchmark name or file) for --train-data {a.train_data}; or pass --eval-every 0 "
+                        "--no-eval-before-train")
     return problems
 
 
-def parse_args(argv=None, description: str = "") -> Args:
-    """train.py's command line -> the resolved Args (bad values: one line, exit code 2). description: train.py's doc."""
-    argv = join_negative_values(list(sys.argv[1:] if argv is None else argv))
+def suggest(value, options) -> str:
+    """"; did you mean X?" for the closest valid option, or ""."""
+    close = difflib.get_close_matches(str(value), [str(o) for o in options], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------------------------
+
+def parse_args(argv=None, description: str = "", prog: str = "train.py") -> Args:
+    """train.py's command line -> the resolved Args (bad values: one line, exit code 2). description: train.py's doc.
+    `--config FILE` (JSON or YAML: a mapping of flag names, or a run's own config.json) gives values that the
+    command line overrides; flags may be spelled with underscores (--max_steps)."""
+    argv = join_negative_values(dash_flags(list(sys.argv[1:] if argv is None else argv)))
     early = argparse.ArgumentParser(add_help=False)
-    early.add_argument("--preset", default="tiny")
+    early.add_argument("--preset", default=None)
     early.add_argument("--algo", default=None)
+    early.add_argument("--config", default=None)
     known, _ = early.parse_known_args(argv)
-    parser = Parser(prog="train.py", description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    if known.preset not in PRESETS:
-        parser.error(f"unknown preset {known.preset!r}; choose one of {sorted(PRESETS)}")
-    shown = resolve(known.preset, {"algo": known.algo} if known.algo in L.ALGORITHMS else {})
-    parser.description = (f"preset in effect: {known.preset} (algorithm {shown.loss.algo}); defaults below are its values\n\n"
-                          + description)
-    parser.add_argument("--preset", default="tiny", help=f"one of {sorted(PRESETS)}: the run's settings")
-    add_flags(parser, RUN_FIELDS, field_docs(Args), shown, ALIASES)
-    group = parser.add_argument_group("the objective (loss.py); an algorithm's own defaults apply unless set here")
+    parser = Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                    allow_abbrev=False)  # --max-step is a mistake to name, not a prefix to accept
+    from_file, file_preset = read_config(known.config, parser) if known.config else ({}, None)
+    preset = known.preset or file_preset or "tiny"
+    if preset not in PRESETS:
+        parser.error(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}{suggest(preset, PRESETS)}")
+    algo = known.algo or from_file.get("algo")
+    shown = resolve(preset, {**from_file, **({"algo": algo} if algo in L.ALGORITHMS else {})})
+    parser.description = (f"preset in effect: {preset} (algorithm {shown.loss.algo}); defaults below are its values"
+                          f"{' with ' + known.config if known.config else ''}\n\n" + description)
+    parser.add_argument("--preset", default="tiny", help=f"the run's settings: one of {sorted(PRESETS)} (default: 'tiny')")
+    parser.add_argument("--config", default=None, help="a JSON or YAML file of flag values (a run's config.json works); "
+                                                       "the command line overrides it")
     ignored = set(L.ignored_fields(shown.loss))
-    add_flags(group, LOSS_FIELDS, field_docs(L.LossConfig), shown.loss,
-                note=lambda name: f" [not used by {shown.loss.algo}]" if name in ignored else "")
-    given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None and k != "preset"}
-    args = resolve(known.preset, given)
+    add_flags(parser, RUN_FIELDS + LOSS_FIELDS, {**field_docs(Args), **field_docs(L.LossConfig)}, shown, ALIASES,
+              note=lambda name: f" [not used by {shown.loss.algo}]" if name in ignored else "")
+    given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None and k not in ("preset", "config")}
+    args = resolve(preset, {**from_file, **given})
     problems = validate(args)
     if problems:
         parser.error("; ".join(problems))
-    args.preset = known.preset
+    args.preset = preset
     return args
+
+
+def read_config(path: str, parser) -> tuple[dict, str | None]:
+    """(flag values, preset or None) from a --config file; a bad file or an unknown name is one error line."""
+    try:
+        with open(path) as f:
+            text = f.read()
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+            values = yaml.safe_load(text)
+        else:
+            values = json.loads(text)
+    except (OSError, ValueError) as e:
+        parser.error(f"--config {path}: cannot read it ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+    except Exception as e:  # yaml's parse errors
+        parser.error(f"--config {path}: not valid YAML ({str(e).splitlines()[0][:200]})")
+    if not isinstance(values, dict):
+        parser.error(f"--config {path}: must hold a mapping of flag names to values")
+    preset = values.get("preset") if isinstance(values.get("preset"), str) else None
+    values = values["flags"] if isinstance(values.get("flags"), dict) else {k: v for k, v in values.items() if k != "preset"}
+    kinds = {f.name: f.type for f in RUN_FIELDS + LOSS_FIELDS}
+    out = {}
+    for key, value in values.items():
+        name = str(key).lstrip("-").replace("-", "_")
+        if name not in kinds:
+            parser.error(f"--config {path}: unknown flag {key!r}{suggest(name, kinds)}")
+        kind = {"int": int, "float": float, "str": str, "bool": bool}.get(kinds[name], kinds[name]) if isinstance(kinds[name], str) else kinds[name]
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool)) or (kind is float and isinstance(value, int) and not isinstance(value, bool))
+        if not ok:
+            parser.error(f"--config {path}: {key} must be a {kind.__name__}, got {value!r}")
+        out[name] = float(value) if kind is float else value
+    return out, preset
+
+
+def dash_flags(argv):
+    """--max_steps (the HF / TRL spelling) -> --max-steps; values are left alone."""
+    out = []
+    for token in argv:
+        if token.startswith("--") and "_" in token.split("=", 1)[0]:
+            name, eq, value = token.partition("=")
+            token = name.replace("_", "-") + eq + value
+        out.append(token)
+    return out
 
 
 # --- from dataclasses to argparse -----------------------------------------------------------------
 
 def field_docs(cls) -> dict:
-    """One-line docs of a dataclass's fields, read from the comments beside them."""
-    docs = {}
+    """One-line docs of a dataclass's fields, read from the comments beside them, and each field's group: the
+    `# --- group` comment above it ("algorithm" for LossConfig)."""
+    docs, group = {}, "algorithm"
     for line in inspect.getsource(cls).splitlines():
         line = line.strip()
-        if ":" in line and "#" in line and not line.startswith("#"):
+        if line.startswith("# ---"):
+            group = line[5:].split(":")[0].strip()
+        elif ":" in line and "#" in line and not line.startswith("#"):
             docs[line.split(":")[0]] = line.split("#", 1)[1].strip()
+            GROUPS[line.split(":")[0]] = group
     return docs
 
 
+GROUPS = {}  # field name -> its --help group, filled by field_docs()
+
+
 class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit code 2
+    def error(self, message):  # one line, exit code 2; an unknown flag gets the closest known one
+        if message.startswith("unrecognized arguments:"):
+            known = [o for action in self._actions for o in action.option_strings]
+            hints = [f"{flag} -> {close[0]}" for flag in message.split(":", 1)[1].split() if flag.startswith("--")
+                     for close in [difflib.get_close_matches(flag.split("=")[0], known, n=1, cutoff=0.6)] if close]
+            if hints:
+                message += f" (did you mean: {', '.join(hints)}?)"
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def add_flags(parser, dataclass_fields, docs, defaults, aliases=None, note=lambda name: ""):
-    """A flag per field; its shown default is getattr(defaults, name); its parsed default None (= not given)."""
+    """A flag per field, in its group; its shown default is the value under the preset (defaults: an Args, whose
+    .loss holds the LossConfig fields); its parsed default None (= not given)."""
+    groups = {}
     for f in dataclass_fields:
+        group_name = GROUPS.get(f.name, "other")
+        if group_name not in groups:
+            groups[group_name] = parser.add_argument_group(group_name)
         flag = "--" + f.name.replace("_", "-")
-        default = getattr(defaults, f.name)
+        default = getattr(defaults, f.name) if hasattr(defaults, f.name) else getattr(defaults.loss, f.name)
         rule = f.metadata.get("rule")
-        allowed = f"; {rule.text()}" if rule is not None and rule.choices else ""
-        help_text = f"{docs.get(f.name, '')}{allowed}{note(f.name)} (default: {default!r})"
+        options = CHOICES.get(f.name) or (sorted(globals_of(rule.choices)) if rule is not None and rule.choices else None)
+        help_text = f"{docs.get(f.name, '')}{note(f.name)} (default: {default!r})"
         if f.type in (bool, "bool"):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            groups[group_name].add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             kind = {"int": int, "float": float, "str": str}.get(f.type, f.type) if isinstance(f.type, str) else f.type
-            parser.add_argument(flag, *(aliases or {}).get(f.name, []), dest=f.name, type=kind, default=None,
-                                help=help_text, metavar=kind.__name__.upper())
+            metavar = "{" + ",".join(options) + "}" if options else kind.__name__.upper()
+            groups[group_name].add_argument(flag, *(aliases or {}).get(f.name, []), dest=f.name, type=kind, default=None,
+                                            help=help_text, metavar=metavar)
+
+
+def globals_of(name):
+    """A registry of loss.py by name (a Rule's choices)."""
+    return getattr(L, name)
 
 
 def join_negative_values(argv):

@@ -63,6 +63,7 @@ To add a method: write its per-token loss function (section 3) and one ALGORITHM
 hyperparameter is one LossConfig field with its Rule (train.py turns it into a flag, checked by the rule).
 """
 
+import difflib
 import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable, NamedTuple
@@ -408,7 +409,7 @@ def loss_config(algo: str = "ce_gppo", **overrides) -> LossConfig:
 def config_problems(cfg: LossConfig) -> list[tuple[str, str]]:
     """(field, message) for every value out of range, each message starting with the field's name; [] if valid.
     Each field's own rule first, then the rules that relate two fields."""
-    problems = [(f.name, f"{f.name} must be {f.metadata['rule'].text()}, got {getattr(cfg, f.name)!r}")
+    problems = [(f.name, f"{f.name} must be {f.metadata['rule'].text()}, got {getattr(cfg, f.name)!r}{_closest(f, cfg)}")
                 for f in fields(cfg) if not f.metadata["rule"].allows(getattr(cfg, f.name))]
     bad = {name for name, _ in problems}
     if not bad & {"clip_ratio_c", "eps_high"} and cfg.clip_ratio_c and cfg.clip_ratio_c <= 1 + cfg.eps_high:
@@ -423,6 +424,15 @@ def config_problems(cfg: LossConfig) -> list[tuple[str, str]]:
         problems.append(("entropy_coef_min", f"entropy_coef_min must be at most entropy_coef_max = {cfg.entropy_coef_max}, "
                                              f"got {cfg.entropy_coef_min!r}"))
     return problems
+
+
+def _closest(f, cfg) -> str:
+    """"; did you mean 'ce_gppo'?" for a mistyped choice."""
+    rule = f.metadata["rule"]
+    if not rule.choices:
+        return ""
+    close = difflib.get_close_matches(str(getattr(cfg, f.name)), list(globals()[rule.choices]), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def ignored_fields(cfg: LossConfig) -> list[str]:

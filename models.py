@@ -1,9 +1,12 @@
-"""Which model a `--model` name means, for train.py and evaluate.py alike: a local HF folder, a hub id, or the
-project's offline tiny model ("tiny", "tiny:<task>"), built once and cached by tiny.py."""
+"""Which model a `--model` name means, for train.py and evaluate.py alike: a local HF folder, a run's checkpoint
+folder (its policy exported once to HF format in its hf/ folder), a hub id, or the project's offline tiny model
+("tiny", "tiny:<task>"), built once and cached by tiny.py."""
 
 import os
 
+import data
 import distributed as D
+import runfolder as RF
 from data import UserError
 
 
@@ -18,10 +21,20 @@ def resolve_model(name: str) -> str:
             path = tiny.ensure_task_model(task)
         D.barrier()
         return path if D.is_main() else tiny.ensure_task_model(task, log=lambda *a: None)
+    if os.path.isdir(name) and RF.is_checkpoint(name):
+        hf = os.path.join(name, "hf")
+        if not os.path.isfile(os.path.join(hf, "config.json")):  # every rank calls: the write has barriers
+            RF.write_folder_atomically(hf, lambda folder: RF.export_hf(name, folder) if D.is_main() else None)
+        return hf
     if os.path.isdir(name):
         if not os.path.exists(os.path.join(name, "config.json")):
             raise UserError(f"--model {name}: the folder has no config.json (not an HF model folder)")
         return name
     if os.path.exists(name) or name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise UserError(f"--model {name}: no such model folder, and not a hub id (owner/name)")
+    from huggingface_hub import try_to_load_from_cache
+    if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+        problem = data.hub_unreachable(f"--model {name}")
+        if problem:
+            raise UserError(problem)
     return name

@@ -62,6 +62,7 @@ def _mean_std(xs):
 
 
 def _window_mean(rows, key, first):
+    rows = [r for r in rows if "reward_mean" in r]  # not the step-0 row of an evaluation before training
     part = rows[:10] if first else rows[-10:]
     values = [r[key] for r in part if r.get(key) is not None]
     return sum(values) / len(values) if values else None
@@ -170,31 +171,41 @@ def draw_run(run_dir: str, path: str) -> str | None:
     return draw({os.path.basename(os.path.normpath(run_dir)): [run_dir]}, path)
 
 
-def run_summary(rows: list[dict], output_dir: str, final_dir: str) -> list[str]:
-    """A few lines: time per step, reward / accuracy / entropy over the first and last 10 steps, held-out accuracy
-    first and last, and where the files are."""
-    if not rows:
+def run_summary(rows: list[dict], output_dir: str, final_dir: str, first_step: int = 0) -> list[str]:
+    """A few lines: time per step, reward / accuracy / entropy at the start and end of the run (the first and last
+    10 steps, or halves of a shorter run), every held-out evaluation, and where the files are. first_step: where
+    this process started (a resumed run's checkpoint), so its own steps are told apart from the log's."""
+    steps = [r for r in rows if "reward_mean" in r]  # a step-0 row holds only the evaluation before training
+    if not steps:
         return [f"no steps logged in {output_dir}"]
+    k = max(1, min(10, len(steps) // 2))
+    where = f"first {k} steps -> last {k}" if len(steps) > 1 else f"step {steps[0]['step']}"
 
     def span(key, fmt):
-        a, b = _window_mean(rows, key, True), _window_mean(rows, key, False)
-        return "n/a" if a is None else f"{fmt(a)} -> {fmt(b)}"
+        a, b = (_mean([r.get(key) for r in part]) for part in (steps[:k], steps[-k:]))
+        return "n/a" if a is None else (fmt(a) if len(steps) == 1 else f"{fmt(a)} -> {fmt(b)}")
 
-    seconds = [r["time_rollout_s"] + r["time_reward_s"] + r["time_update_s"] for r in rows if "time_update_s" in r]
-    phases = {k: sum(r.get(f"time_{k}_s", 0) for r in rows) / len(rows) for k in ("rollout", "reward", "update")}
-    evals = [(r["step"], r["eval_acc"]) for r in rows if "eval_acc" in r]
-    lines = [f"done: {len(rows)} steps to step {rows[-1]['step']}, {sum(seconds) / max(len(seconds), 1):.2f} s per step "
-             f"(rollout {phases['rollout']:.2f}, reward {phases['reward']:.2f}, update {phases['update']:.2f})",
-             f"  reward   first 10 steps -> last 10: {span('reward_mean', lambda v: f'{v:+.3f}')}"
+    mine = [r for r in steps if r["step"] > first_step]
+    seconds = [r["time_rollout_s"] + r["time_reward_s"] + r["time_update_s"] for r in mine if "time_update_s" in r]
+    phases = {p: _mean([r.get(f"time_{p}_s") for r in mine]) or 0.0 for p in ("rollout", "reward", "update")}
+    resumed = f" (resumed at step {first_step}; the log holds steps {steps[0]['step']}-{steps[-1]['step']})" if first_step else ""
+    lines = [f"done: {len(mine)} steps, to step {steps[-1]['step']}{resumed}, {sum(seconds) / max(len(seconds), 1):.2f} s "
+             f"per step (rollout {phases['rollout']:.2f}, reward {phases['reward']:.2f}, update {phases['update']:.2f})",
+             f"  reward   {where}: {span('reward_mean', lambda v: f'{v:+.3f}')}"
              f"   (accuracy {span('acc_mean', lambda v: f'{100 * v:.1f}%')})",
-             f"  entropy  first 10 steps -> last 10: {span('entropy', lambda v: f'{v:.4f}')} nats/token"]
+             f"  entropy  {where}: {span('entropy', lambda v: f'{v:.4f}')} nats/token"]
+    evals = [(r["step"], r["eval_acc"]) for r in rows if "eval_acc" in r]
     if evals:
-        lines.append(f"  held-out accuracy: {100 * evals[0][1]:.1f}% at step {evals[0][0]} -> {100 * evals[-1][1]:.1f}% "
-                     f"at step {evals[-1][0]}")
-    files = [f for f in ("config.json", "metrics.jsonl", "samples.jsonl", "curves.png", "checkpoints")
+        lines.append("  held-out avg@k: " + ", ".join(f"step {s} {100 * v:.1f}%" for s, v in evals))
+    files = [f for f in ("config.json", "metrics.jsonl", "samples.jsonl", "eval", "curves.png", "checkpoints")
              if os.path.exists(os.path.join(output_dir, f))]
     lines.append(f"  files in {output_dir}: {', '.join(files)}; final policy (HF format): {final_dir}")
     return lines
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
 
 
 def sample_line(sample: dict, width: int = 150) -> str:
@@ -206,8 +217,12 @@ def sample_line(sample: dict, width: int = 150) -> str:
     return head + short(sample["prompt"], 50) + " => " + short(sample["completion"], max(20, width - len(head) - 54))
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The docstring as written, and every flag's default."""
+
+
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("runs", nargs="+", help="run folders, or NAME=DIR[,DIR...] for the seeds of one configuration")
     parser.add_argument("--out", default=None, help="output folder (default: plots/ beside the first run)")
     parser.add_argument("--window", type=int, default=5, help="moving-average window in steps")

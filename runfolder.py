@@ -142,6 +142,15 @@ def append_jsonl(path: str, rows: list[dict]):
             f.write("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def write_jsonl(path: str, rows: list[dict]):
+    """Write a whole JSON-lines file atomically (any rank; a step evaluated again after a resume replaces it)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, path)
+
+
 def read_jsonl(path: str) -> list[dict]:
     """The rows of a JSON-lines file; a torn (unparsable) line is skipped."""
     rows = []
@@ -284,12 +293,20 @@ def load_checkpoint(folder, model, optimizer) -> dict:
     return trainer_state
 
 
+def is_checkpoint(path) -> bool:
+    """A save_checkpoint folder (sharded weights, not an HF model folder)."""
+    return os.path.isfile(os.path.join(path, "trainer_state.pt")) and os.path.isfile(os.path.join(path, ".metadata"))
+
+
 def export_hf(checkpoint_dir, out_dir):
-    """A checkpoint's policy in HF format (for evaluate.py or vLLM), in one process whatever world size wrote it:
-    python -c "import runfolder; runfolder.export_hf('runs/tiny/checkpoints/step_000050', 'runs/tiny/step_50')" """
+    """A checkpoint's policy in HF format (for evaluate.py, vLLM or another run's --model), in one process whatever
+    world size wrote it: `python runfolder.py export runs/tiny/checkpoints/step_000050 runs/tiny/step_50`.
+    evaluate.py and train.py do this themselves for a checkpoint given as --model (into its hf/ folder)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    transformers.utils.logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(checkpoint_dir), dtype=torch.float32)
     state = {"model": get_model_state_dict(model)}
     dcp.load(state, checkpoint_id=checkpoint_dir, no_dist=True)  # the model part only; the optimizer stays on disk
@@ -346,3 +363,17 @@ def open_loggers(output_dir: str, run_name: str, tensorboard: bool, wandb: bool,
             wb.log({**row, **extra}, step=row["step"])
         loggers.append(to_wandb)
     return loggers
+
+
+if __name__ == "__main__":
+    import argparse
+    parser = argparse.ArgumentParser(description="The run folder's tools.")
+    parser.error = lambda message: parser.exit(2, f"runfolder.py: error: {message}\n")
+    commands = parser.add_subparsers(dest="command", required=True)
+    export = commands.add_parser("export", help="a checkpoint's policy as an HF model folder")
+    export.add_argument("checkpoint", help="RUN/checkpoints/step_N")
+    export.add_argument("out", help="the HF model folder to write")
+    args = parser.parse_args()
+    if not is_checkpoint(args.checkpoint):
+        parser.error(f"{args.checkpoint} is not a checkpoint folder (no trainer_state.pt and .metadata)")
+    print(export_hf(args.checkpoint, args.out))

@@ -52,6 +52,8 @@ from flags import Args
 def main(args: Args):
     run = start_run(args)  # checks, data, model, optimizer, sampler, resume: everything before the first step
     policy = run.policy
+    if args.eval_before_train and run.loop["step"] == 0:  # the starting weights' score, logged as step 0
+        RF.append_jsonl(run.metrics_path, [evaluation_row(run, args, step=0)])
     for step in run.bar:
         clock = [time.perf_counter()]
         batch = run.stream.next_batch(args.gen_prompts)
@@ -86,7 +88,7 @@ def main(args: Args):
     if D.is_main():
         import plot
         plot.draw_run(args.output_dir, os.path.join(args.output_dir, "curves.png"))
-        run.log("\n".join(plot.run_summary(RF.read_jsonl(run.metrics_path), args.output_dir, final)))
+        run.log("\n".join(plot.run_summary(RF.read_jsonl(run.metrics_path), args.output_dir, final, run.first_step)))
     if D.world_size() > 1:
         run.sampler.close()  # vLLM's teardown destroys its groups, and with external_launcher the default one too
         D.end_process()  # does not return: see there why a rank must not exit through the interpreter
@@ -110,6 +112,7 @@ class Run:
     device: torch.device
     metrics_path: str
     log: object
+    first_step: int  # where this process started: 0, or the step of the checkpoint it resumed from
 
 
 def start_run(args) -> Run:
@@ -126,7 +129,7 @@ def start_run(args) -> Run:
     RF.check_loggers(args.tensorboard, args.wandb)
     resume_from = RF.check(args.output_dir, args.resume, flags.flat_flags(args), log)
     rows = data.load_rows(args.train_data, seed=args.seed)
-    eval_rows = data.load_benchmark(args.eval_data) if args.eval_every else []
+    eval_rows = data.load_benchmark(args.eval_data) if args.eval_every or args.eval_before_train else []
     model_path = models.resolve_model(args.model)
     policy, tokenizer = load_policy(args, model_path, device, [r["prompt"] for r in rows + eval_rows])
     RF.begin(args.output_dir, args.resume, resume_from, flags.flat_flags(args), RF.run_info(getattr(args, "preset", "")), log)
@@ -149,7 +152,7 @@ def start_run(args) -> Run:
     bar = tqdm(range(loop["step"], args.max_steps), initial=loop["step"], total=args.max_steps, desc="train",
                dynamic_ncols=True, disable=not D.is_main())
     return Run(policy, tokenizer, sampler, stream, eval_rows, loop, loggers, bar, device,
-               os.path.join(args.output_dir, "metrics.jsonl"), log)
+               os.path.join(args.output_dir, "metrics.jsonl"), log, loop["step"])
 
 
 @dataclass
@@ -178,14 +181,13 @@ def end_step(run: Run, args, s: Step):
         loop["entropy_coef"] = L.next_entropy_coef(args.loss, loop.get("entropy_coef", args.loss.entropy_coef), row["entropy"])
         loop["last_entropy"] = row["entropy"]
     if args.eval_every and (done % args.eval_every == 0 or done == args.max_steps):
-        row["eval_acc"], row["eval_seed"] = evaluate_policy(run.sampler, run.policy.model, run.tokenizer, run.eval_rows,
-                                                            args, s.index, run.device)
+        row.update(evaluation_row(run, args, done))
     RF.append_jsonl(run.metrics_path, [row])
     samples = None
     if args.log_samples_every and done % args.log_samples_every == 0 and D.is_main():
         samples = sample_records(s)
         RF.append_jsonl(os.path.join(args.output_dir, "samples.jsonl"), samples)
-        run.bar.write(plot.sample_line(samples[0]))
+        run.bar.write(plot.sample_line(next((r for r in samples if r["advantage"]), samples[0])))
     for send in run.loggers:
         send(row, samples)
     run.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", ent=f"{row.get('entropy', math.nan):.3f}",
@@ -207,18 +209,23 @@ def step_loss_config(cfg: L.LossConfig, loop: dict) -> L.LossConfig:
                                                                loop.get("last_entropy")))
 
 
-def evaluate_policy(sampler, model, tokenizer, rows, args, step, device):
+def evaluation_row(run: Run, args, step: int) -> dict:
     """Held-out avg@k exactly as `evaluate.py --benchmarks <eval_data>` computes it (heldout.py: same problems, k,
-    sampling settings and scoring); under torchrun each rank evaluates its share of the problems. Returns (avg@k, seed)."""
-    mine = [rows[i] for i in D.my_share(len(rows))]
-    seed = args.seed * 1_000_003 + step + 500_000
-    sampler.wake_up()
-    sampler.load_weights(D.full_named_parameters(model))
-    _, correct_lists = heldout.sample_and_score(sampler, tokenizer, mine, **heldout.sampling_settings(args.eval_data),
-                                                seed=seed, progress=False)
-    sampler.sleep()
-    correct, count = D.all_reduce([heldout.avg_at_k(correct_lists) * len(mine), len(mine)], device)
-    return correct / count, seed
+    sampling settings and scoring) after `step` steps; under torchrun each rank evaluates its share of the problems.
+    The generations and verdicts go to eval/step_N.jsonl in the run folder (one file per rank under torchrun)."""
+    mine = [run.eval_rows[i] for i in D.my_share(len(run.eval_rows))]
+    seed = args.seed * 1_000_003 + step - 1 + 500_000
+    run.sampler.wake_up()
+    run.sampler.load_weights(D.full_named_parameters(run.policy.model))
+    groups, correct_lists = heldout.sample_and_score(run.sampler, run.tokenizer, mine, **heldout.sampling_settings(args.eval_data),
+                                                     seed=seed, progress=False)
+    run.sampler.sleep()
+    name = f"step_{step:06d}" + (f".rank{D.rank()}" if D.world_size() > 1 else "")
+    RF.write_jsonl(os.path.join(args.output_dir, "eval", name + ".jsonl"),
+                   [{"step": step, "id": p["id"], "answer": p["answer"], "responses": [c.text for c in g], "correct": c}
+                    for p, g, c in zip(mine, groups, correct_lists)])
+    correct, count = D.all_reduce([heldout.avg_at_k(correct_lists) * len(mine), len(mine)], run.device)
+    return {"step": step, "eval_acc": correct / count, "eval_seed": seed}
 
 
 def sample_records(s: Step, prompts=2) -> list[dict]:

@@ -66,11 +66,18 @@ def test_run_summary_and_sample_line(tmp_path):
     rows[4]["eval_acc"], rows[19]["eval_acc"] = 0.4, 0.55
     (tmp_path / "config.json").write_text("{}")
     lines = plot.run_summary(rows, str(tmp_path), str(tmp_path / "final"))
-    assert "20 steps to step 20, 1.00 s per step" in lines[0]
-    assert "-0.275 -> +0.225" in lines[1] and "34.0% -> 54.0%" in lines[1]  # means of steps 1-10 and 11-20
+    assert "20 steps, to step 20, 1.00 s per step" in lines[0]
+    assert "first 10 steps -> last 10: -0.275 -> +0.225" in lines[1] and "34.0% -> 54.0%" in lines[1]  # steps 1-10, 11-20
     assert "0.1775 -> 0.1275" in lines[2]
-    assert "40.0% at step 5 -> 55.0% at step 20" in lines[3]
+    assert "step 5 40.0%, step 20 55.0%" in lines[3]
     assert "config.json" in lines[4] and str(tmp_path / "final") in lines[4]
+    # a short run resumed at step 2 of 4, with an evaluation before training: halves, its own steps, step 0
+    short = [{"step": 0, "eval_acc": 0.3}] + rows[:4]
+    lines = plot.run_summary(short, str(tmp_path), str(tmp_path / "final"), first_step=2)
+    assert "done: 2 steps, to step 4 (resumed at step 2; the log holds steps 1-4)" in lines[0]
+    assert "first 2 steps -> last 2: -0.475 -> -0.375" in lines[1]
+    assert "step 0 30.0%" in lines[3]
+    assert plot.run_summary([{"step": 0, "eval_acc": 0.3}], str(tmp_path), "f") == [f"no steps logged in {tmp_path}"]
     line = plot.sample_line({"step": 3, "reward": 1.0, "advantage": 0.5, "prompt": "Compute 1 + 2.",
                              "completion": "x " * 200})
     assert line.startswith("[step 3 sample] reward +1, A +0.50: Compute 1 + 2. => x x") and line.endswith("...")

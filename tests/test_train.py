@@ -377,3 +377,74 @@ def test_rollout_correction_in_a_run_logs_the_mismatch(tmp_path, tiny_model_path
         assert key in row, key
     assert row["rollout_ratio_mean"] == pytest.approx(1.0, abs=0.02) and row["rollout_abs_log_ratio_p99"] < 0.05
     assert row["response_length_mean"] >= 8  # --min-response-len: no EOS before 8 tokens
+
+
+# --- the command line a researcher types --------------------------------------------------------
+
+def test_config_file_under_the_command_line(tmp_path, capsys):
+    """--config: JSON or YAML values (underscore or dash names), a run's own config.json, the command line on top;
+    mistakes are one line with the closest valid name."""
+    (tmp_path / "c.json").write_text('{"max_steps": 7, "algo": "grpo", "gen-prompts": 8, "beta1": 0.25}')
+    args = parse_train_args(["--config", str(tmp_path / "c.json"), "--max-steps", "9"])
+    assert (args.max_steps, args.loss.algo, args.gen_prompts, args.train_prompts, args.loss.beta1) == (9, "grpo", 8, 8, 0.25)
+    (tmp_path / "c.yaml").write_text("preset: sums\nlr: 0.001\n")
+    args = parse_train_args(["--config", str(tmp_path / "c.yaml")])
+    assert (args.preset, args.lr, args.train_data) == ("sums", 0.001, "sums")
+    saved = {"preset": "tiny", "flags": dict(train.flags.flat_flags(parse_train_args(["--lr", "0.002", "--n", "4", "--micro-batch-size", "16"])))}
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    again = parse_train_args(["--config", str(tmp_path / "config.json")])
+    assert (again.lr, again.n) == (0.002, 4) and train.flags.flat_flags(again) == saved["flags"]
+    for text, message in (('{"max_step": 3}', "unknown flag 'max_step'; did you mean 'max_steps'?"),
+                          ('{"lr": "fast"}', "lr must be a float, got 'fast'"), ("[1, 2]", "must hold a mapping")):
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(SystemExit):
+            parse_train_args(["--config", str(tmp_path / "bad.json")])
+        assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-step", "3"], "did you mean: --max-step -> --max-steps"),
+    (["--algo", "ce-gppo"], "did you mean 'ce_gppo'?"),
+    (["--sampler", "vlm"], "did you mean 'vllm'?"),
+    (["--train-data", "nope.jsonl"], "--train-data nope.jsonl: no such file"),
+])
+def test_mistakes_get_the_closest_name_and_the_first_real_problem(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse_train_args(argv)
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    if "nope.jsonl" in argv:
+        assert err.index("no such file") < len(err) and "--eval-every" not in err.split(";")[0]
+
+
+def test_underscore_spellings_and_derived_train_prompts():
+    args = parse_train_args(["--max_steps", "3", "--mini_batch_prompts=2", "--preset", "sums", "--gen-prompts", "6"])
+    assert (args.max_steps, args.mini_batch_prompts, args.train_prompts) == (3, 2, 6)
+    assert parse_train_args(["--preset", "sums", "--gen-prompts", "7"]).train_prompts == 6  # whole mini-batches of 2
+    assert parse_train_args(["--gen-prompts", "64"]).train_prompts == 32  # the preset's own count is the most
+
+
+def test_evaluation_from_step_0_and_checkpoints_evaluable_as_they_are(tmp_path, tiny_model_path):
+    """--eval-before-train logs the starting weights' avg@k as step 0; every evaluation's generations land in eval/;
+    a checkpoint folder is a --model for evaluate.py (exported once into its hf/ folder) and for runfolder.py export."""
+    out = run_train(tmp_path / "run", "--max-steps", "2", "--save-every", "2", "--eval-every", "2", "--eval-before-train",
+                    "--eval-data", "arith")
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [0, 1, 2] and set(rows[0]) == {"step", "eval_acc", "eval_seed"}
+    assert "eval_acc" in rows[2] and "held-out avg@k: step 0" in out.stdout
+    for step in (0, 2):
+        records = [json.loads(line) for line in (tmp_path / "run" / "eval" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+        assert len(records) > 0 and all(len(r["responses"]) == len(r["correct"]) for r in records)
+        assert sum(sum(r["correct"]) / len(r["correct"]) for r in records) / len(records) == pytest.approx(rows[step]["eval_acc"])
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000002"
+    done = subprocess.run([sys.executable, "evaluate.py", "--model", str(checkpoint), "--benchmarks", "arith", "--k", "1",
+                           "--limit", "4", "--max-tokens", "24", "--sampler", "hf", "--output", str(tmp_path / "r.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from safetensors.torch import load_file
+    exported, final = load_file(checkpoint / "hf" / "model.safetensors"), final_state(tmp_path / "run")
+    for k in final:
+        torch.testing.assert_close(exported[k], final[k])
+    again = subprocess.run([sys.executable, "evaluate.py", "--model", "tiny", "--benchmarks", "arith", "--k", "1",
+                            "--output", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "exists; pass --overwrite" in again.stderr

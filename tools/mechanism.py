@@ -355,8 +355,12 @@ def draw(summary, records, configs, path, title):
     plt.close(fig)
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The docstring as written, and every flag's default."""
+
+
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--preset", default="tiny", help="train.py preset: the task, model, and the update's settings")
     parser.add_argument("--start", default="warm", choices=["warm", "midrun"], help="start from the warm start or a mid-run RL checkpoint")
     parser.add_argument("--batches", type=int, default=30, help="rollout batches (the n of every interval)")
@@ -367,7 +371,7 @@ def main():
     parser.add_argument("--root", default=os.path.join(ROOT, "runs", "mechanism"), help="where the mid-run checkpoint goes")
     parser.add_argument("--output", required=True, help="the JSON (a .png of the same name beside it)")
     args, train_flags = parser.parse_known_args()  # any other flag is a train.py flag for the paired steps
-    flags.parse_args(["--preset", args.preset, *train_flags])  # a bad one ends here, in train.py's words
+    flags.parse_args(["--preset", args.preset, *train_flags], prog="mechanism.py")  # a bad one ends here
     configs = [c for c in args.configs.split(",") if c]
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown or "ppo_clip" not in configs:

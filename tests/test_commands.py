@@ -1,0 +1,65 @@
+"""Every command README and the scripts' docstrings show parses as written: the flags exist, the values pass the
+checks, and derived defaults fill the rest (`--gen-prompts 8` alone is a valid quick run). Parsing only: nothing is
+loaded or sampled. Files a command names (a user's data) are created empty in a scratch folder first."""
+
+import os
+import re
+
+import pytest
+
+import data
+import evaluate
+import flags
+import train
+from conftest import ROOT
+
+SCRIPTS = {"train.py": "train.py", "evaluate.py": "evaluate.py", "mechanism.py": "tools/mechanism.py"}
+
+
+def documented_commands():
+    texts = [open(os.path.join(ROOT, "README.md")).read()]
+    texts += [open(os.path.join(ROOT, path)).read().split('"""')[1] for path in SCRIPTS.values()]
+    found = []
+    for text in texts:
+        text = text.replace("\\\\\n", " ").replace("\\\n", " ")
+        for line in text.splitlines():
+            line = line.split("  #")[0].strip()
+            for match in re.finditer(r"(?:tools/)?\b(train|evaluate|mechanism)\.py([^`|(#;]*)", line):
+                args = match.group(2).split()
+                if "$" not in line and "--help" not in args and args and args[0].startswith("--"):
+                    found.append((match.group(1) + ".py", tuple(args)))
+    return sorted(set(found))
+
+
+COMMANDS = documented_commands()
+
+
+def test_the_documented_commands_were_found():
+    scripts = {script for script, _ in COMMANDS}
+    assert scripts == set(SCRIPTS) and len(COMMANDS) >= 15, COMMANDS
+
+
+@pytest.mark.parametrize("script, argv", COMMANDS, ids=[f"{s} {' '.join(a)}"[:80] for s, a in COMMANDS])
+def test_documented_command_parses(script, argv, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for flag, value in zip(argv, argv[1:]):
+        for path in value.split(",") if flag in ("--train-data", "--eval-data", "--benchmarks") else []:
+            if path.endswith(data.FILE_TYPES):
+                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+                open(path, "w").close()
+    if script == "train.py":
+        flags.parse_args(list(argv), train.__doc__)
+    elif script == "evaluate.py":
+        evaluate.parse_args(list(argv))
+    else:
+        own = {"--preset", "--start", "--batches", "--midrun-steps", "--probe-prompts", "--fresh-prompts", "--configs",
+               "--root", "--output"}
+        rest, i = [], 0
+        while i < len(argv):
+            if argv[i] in own:
+                i += 2
+                continue
+            rest.append(argv[i])
+            i += 1
+        preset = argv[argv.index("--preset") + 1] if "--preset" in argv else "tiny"
+        flags.parse_args(["--preset", preset, *rest], prog="mechanism.py")

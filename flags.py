@@ -36,6 +36,7 @@ class Args:
     train_prompts: int = 32  # at most this many kept groups are trained on per step
     mini_batch_prompts: int = 4  # prompts per optimizer step (train_prompts / this = optimizer steps per step)
     micro_batch_size: int = 32  # sequences per forward/backward; gradients accumulate over micro-batches
+    micro_batch_tokens: int = 0  # >0: padding-free micro-batches, sequences packed into rows of at most this many tokens (micro_batch_size unused); 0 = padded
     n: int = 8  # responses per prompt
     # --- sampling
     temperature: float = 1.0  # rollout temperature; log-probs use the same temperature
@@ -150,7 +151,8 @@ def validate(a: Args) -> list[str]:
     for name in ("grad_clip", "temperature", "gen_prompts", "train_prompts", "mini_batch_prompts",
                  "micro_batch_size", "max_prompt_len", "max_response_len", "max_steps", "save_every", "keep_checkpoints"):
         check(name, lambda v: v > 0, "> 0")
-    for name in ("weight_decay", "warmup_steps", "eval_every", "log_samples_every", "top_k", "min_response_len"):
+    for name in ("weight_decay", "warmup_steps", "eval_every", "log_samples_every", "top_k", "min_response_len",
+                 "micro_batch_tokens"):
         check(name, lambda v: v >= 0, ">= 0")
     check("n", lambda v: v >= 2, ">= 2 (group-relative advantages need a group)")
     check("top_p", lambda v: 0 < v <= 1, "in (0, 1]")
@@ -167,6 +169,9 @@ def validate(a: Args) -> list[str]:
         problems.append(f"--train-prompts ({a.train_prompts}) must be a multiple of --mini-batch-prompts ({a.mini_batch_prompts})")
     if (a.mini_batch_prompts * a.n) % a.micro_batch_size:
         problems.append(f"--micro-batch-size ({a.micro_batch_size}) must divide mini-batch-prompts x n = {a.mini_batch_prompts * a.n}")
+    if 0 < a.micro_batch_tokens < a.max_prompt_len + a.max_response_len:
+        problems.append(f"--micro-batch-tokens ({a.micro_batch_tokens}) must hold the longest sequence, max-prompt-len + "
+                        f"max-response-len = {a.max_prompt_len + a.max_response_len} (or be 0: padded micro-batches)")
     if a.eval_every and not a.eval_data:
         problems.append(f"--eval-every {a.eval_every} needs --eval-data (a benchmark name or file) for --train-data "
                         f"{a.train_data}; or pass --eval-every 0")

@@ -330,6 +330,47 @@ def test_every_loss_through_update_policy_matches_a_one_piece_computation(varian
         torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-6)
 
 
+PACKED_VARIANTS = {"grpo": [], "dapo+sum-norm": ["--loss-agg-mode", "seq-mean-token-sum-norm"],  # token-mean below
+                   "ce_gppo+terms+correction": ["--entropy-coef", "0.01", "--positive-lm-coef", "0.1",
+                                                "--rollout-correction", "token-tis", "--top-p", "0.9"]}
+
+
+@pytest.mark.parametrize("variant", sorted(PACKED_VARIANTS))
+def test_packed_micro_batches_update_like_padded_ones(variant, tiny_model_path):
+    """--micro-batch-tokens: rows of at most 40 tokens (several sequences each, mixed lengths) give the metrics and,
+    with SGD, the parameters of padded micro-batches of 2, for each way of aggregating and with the extra terms."""
+    import random
+    from transformers import AutoModelForCausalLM
+    common = ["--algo", variant.split("+")[0], "--n", "4", "--gen-prompts", "4", "--train-prompts", "4", "--mini-batch-prompts",
+              "2", "--micro-batch-size", "2", "--grad-clip", "1e9", "--max-prompt-len", "6", "--max-response-len", "12",
+              *PACKED_VARIANTS[variant]]
+    seqs, rng = fixed_groups(seed=1), random.Random(1)
+    for s in seqs:  # the sampler's log-probs, for the rollout correction
+        s["sampler_logprobs"] = [-rng.random() * 3 for _ in s["response_ids"]]
+    results = {}
+    for budget in (0, 40):
+        args = parse_train_args(common + ["--micro-batch-tokens", str(budget)])
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        policy = train.make_policy(args, model, torch.optim.SGD(model.parameters(), lr=0.5), 0, torch.device("cpu"))
+        minis = train.make_mini_batches(policy, [seqs[:8], seqs[8:]], args.loss)
+        metrics = train.old_logprobs(policy, minis, args.rollout_correction, args.rollout_correction_threshold)
+        metrics.update(train.update_policy(policy, minis, args.loss))
+        results[budget] = metrics, model.state_dict(), [len(m.micro) for m in minis]
+    (padded, want, padded_calls), (packed, got, packed_calls) = results[0], results[40]
+    assert padded_calls == [4, 4] and 2 <= min(packed_calls) and max(packed_calls) < 4  # fewer, fuller micro-batches
+    assert packed.keys() == padded.keys()
+    for k, v in padded.items():
+        assert packed[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-6)
+
+
+def test_micro_batch_tokens_must_hold_the_longest_sequence(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_train_args(["--micro-batch-tokens", "100"])  # tiny: 64 + 48 tokens
+    assert e.value.code == 2 and "--micro-batch-tokens (100) must hold the longest sequence" in capsys.readouterr().err
+
+
 def test_eval_acc_is_what_evaluate_py_reports(tmp_path, tiny_model_path):
     """train.py's eval_acc: the problems, k, sampling and scoring of `evaluate.py --benchmarks arith` (same seed)."""
     run_train(tmp_path, "--max-steps", "1", "--eval-every", "1", "--sampler", "hf")

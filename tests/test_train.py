@@ -408,8 +408,9 @@ STALE = {  # a weight sync made to fail on purpose: the vLLM engine ignores it; 
 
 @pytest.mark.parametrize("sampler", sorted(STALE))
 def test_a_stale_sampler_stops_the_run_with_one_line(sampler, tmp_path, tiny_model_path):
-    """Step 1 samples from the loaded weights (in sync); after its update the sampler keeps the old ones, and step 2's
-    check stops the run: exit code 1, one line naming the problem, step 1's checkpoint and metrics intact."""
+    """Step 1 samples from the loaded weights (in sync); after its update the sampler keeps the old ones, and a later
+    step's check stops the run: exit code 1, one line naming the problem, the earlier steps' checkpoints and metrics
+    intact."""
     if sampler == "vllm":
         from conftest import vllm_or_skip
         vllm_or_skip()
@@ -420,7 +421,8 @@ def test_a_stale_sampler_stops_the_run_with_one_line(sampler, tmp_path, tiny_mod
                          text=True, timeout=600)
     last = out.stderr.strip().splitlines()[-1]
     assert out.returncode == 1, out.stderr[-3000:]
-    assert last.startswith("train.py: step 2: the sampler (") and "does not hold the trainer's weights" in last, last
-    assert "Traceback" not in out.stderr
-    assert [r["step"] for r in read_metrics(tmp_path)] == [1]
-    assert os.listdir(tmp_path / "checkpoints") == ["step_000001"]
+    stopped = int(last.split()[2].rstrip(":"))  # caught once the policy drifted past the tolerance: step 2 or 3
+    assert last.startswith(f"train.py: step {stopped}: the sampler (") and "does not hold the trainer's weights" in last
+    assert stopped in (2, 3) and "Traceback" not in out.stderr
+    assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, stopped))  # the steps before it are intact
+    assert sorted(os.listdir(tmp_path / "checkpoints"))[-1] == f"step_{stopped - 1:06d}"

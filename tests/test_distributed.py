@@ -89,12 +89,14 @@ def test_two_ranks_update_like_one_process(tmp_path, tiny_model_path):
     ones, twos = run_worker(tmp_path, tiny_model_path, 1), run_worker(tmp_path, tiny_model_path, 2)
     from safetensors.torch import load_file
     start = load_file(os.path.join(tiny_model_path, "model.safetensors"))
-    for algo, one, two in [(a, ones[f"{a}/0"], other[f"{a}/{b}"]) for a in ALGOS for other, b in
-                           ((twos, 0), (twos, 40), (ones, 40))]:
+    for algo, one, two, atol in [(f"{a} {name}", ones[f"{a}/0"], other[f"{a}/{b}"], 5e-6 if b else 2e-6) for a in ALGOS
+                                 for name, other, b in (("2 ranks", twos, 0), ("2 ranks packed", twos, 40),
+                                                        ("packed", ones, 40))]:
+        # packed rows sum the gradient in another order: an element near 0 may move by a few 1e-6 (seen: 2.3e-6)
         moved = max((one["params"][k] - start[k]).abs().max().item() for k in start)
         assert moved > 1e-3, algo  # the update did something
         for k in start:
-            torch.testing.assert_close(two["params"][k], one["params"][k], rtol=1e-4, atol=2e-6, msg=lambda m: f"{algo} {k}: {m}")
+            torch.testing.assert_close(two["params"][k], one["params"][k], rtol=1e-4, atol=atol, msg=lambda m: f"{algo} {k}: {m}")
         assert one["metrics"].keys() == two["metrics"].keys()
         for k, v in one["metrics"].items():
             assert two["metrics"][k] == pytest.approx(v, rel=1e-4, abs=1e-6), (algo, k)

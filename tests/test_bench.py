@@ -80,3 +80,16 @@ def test_logprob_probe_on_cpu_reports_peaks_and_times():
     assert len(naive["runs_s"]) == 2 and naive["grads_bytes"] == fused["grads_bytes"] == (256 * 32 + 100_000 * 32) * 2
     assert naive["forward_peak_bytes"] > 3 * naive["logits_bytes"]  # fp32 log_softmax and its exp
     assert fused["total_peak_bytes"] < 0.5 * naive["total_peak_bytes"], (fused, naive)
+
+
+def test_update_flops_counts_layers_head_and_causal_attention():
+    config = dict(hidden_size=4, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=8,
+                  vocab_size=10)
+    layer = 4 * 4 + 2 * 4 * 2 + 4 * 4 + 3 * 4 * 8  # q, k and v (2 of 4 heads' width), o; gate, up, down
+    lengths = [(3, 2), (1, 4)]  # (prompt, response)
+    assert bench.update_flops(config, lengths) == 6 * 2 * layer * 10 + 6 * 40 * 6 + 6 * 2 * 4 * (5**2 + 5**2)
+
+
+def test_update_throughput_says_why_it_did_not_run_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
+    assert "no CUDA GPU" in bench.bench_update_throughput(device="cuda")["skipped"]

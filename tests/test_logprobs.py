@@ -49,16 +49,31 @@ def padded_batch(seed=0, vocab=300, prompts=(5, 2, 7), responses=(6, 9, 1), sele
     return ids, attention, positions, ids[:, P:], attention[:, P:].double()
 
 
+def packed_batch(seed=0, vocab=300, prompts=(5, 2, 7), responses=(6, 9, 1)):
+    """The sequences of padded_batch(seed, ...) in train.pack's layout: one row, position ids restarting per sequence,
+    no attention mask; response_ids and the mask still [S, R]."""
+    ids, _, _, response, mask = padded_batch(seed, vocab, prompts, responses)
+    P, row, positions, where = ids.shape[1] - response.shape[1], [], [], []
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        where += range(len(row) + p - 1, len(row) + p - 1 + r)
+        row += ids[i, P - p:P + r].tolist()
+        positions += range(p + r)
+    seqs, cols = mask.nonzero(as_tuple=True)
+    packing = LP.Packing(torch.tensor(where), seqs, cols)
+    return torch.tensor([row]), None, torch.tensor([positions]), response, mask, packing
+
+
 def run_model(model, batch, fused, temperature=0.7, autocast_dtype=None, seed=1):
-    """model_logprobs plus a loss that uses both outputs; returns (logp, entropy, {param name: grad})."""
-    ids, attention, positions, response, mask = batch
+    """model_logprobs plus a loss that uses both outputs; returns (logp, entropy, {param name: grad}); padding's
+    log-probs and entropies zeroed (packed rows return 0 there, padded ones whatever the pad tokens give)."""
+    ids, attention, positions, response, mask, *packing = batch
     model.zero_grad(set_to_none=True)
     logp, entropy = LP.model_logprobs(model, ids, attention, positions, response, temperature=temperature,
-                                      autocast_dtype=autocast_dtype, fused=fused)
+                                      autocast_dtype=autocast_dtype, fused=fused, packed=packing[0] if packing else None)
     g = torch.Generator().manual_seed(seed)
     a, c = (torch.randn(logp.shape, generator=g).to(logp.device) for _ in range(2))
     ((a * logp + 0.5 * c * entropy) * mask).sum().backward()
-    return logp.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+    return logp.detach() * mask, entropy.detach() * mask, {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
 def assert_same_run(got, want, tol):
@@ -247,7 +262,7 @@ def test_model_logprobs_fused_matches_reference(tied):
     assert "forward" not in model.get_output_embeddings().__dict__  # the head's own forward is back
     with torch.no_grad():
         logp, entropy = LP.model_logprobs(model, *batch[:4], temperature=0.7)
-    torch.testing.assert_close(logp, want[0], rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(logp * batch[4], want[0], rtol=2e-5, atol=2e-5)
     assert not logp.requires_grad
     assert LP.check_fused(model) and LP.check_fused(model, autocast_dtype=torch.bfloat16)
 
@@ -277,6 +292,40 @@ def test_model_logprobs_fused_under_bf16_autocast():
         scale = exact[2][name].norm()
         assert (got[2][name] - want[2][name]).norm() <= 0.05 * scale + 1e-6, name
         assert (got[2][name] - exact[2][name]).norm() <= 0.05 * scale + 1e-6, name
+
+
+# --- 4b. packed rows (train.pack) against padded ones -------------------------------------------
+
+LENGTHS = dict(prompts=(5, 2, 7, 1, 3), responses=(6, 9, 1, 4, 12))  # mixed lengths, a 1-token prompt and response
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_packed_row_matches_padded_rows(fused, checkpointing):
+    """One row of five sequences gives the log-probs, entropies and gradients of the padded batch to fp32 accuracy:
+    attention stays within each sequence (were it to cross, every sequence after the first would differ)."""
+    model = tiny_qwen2(tied=False, seed=4)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+        model.train()
+    want = run_model(model, padded_batch(seed=4, **LENGTHS), fused=False)
+    got = run_model(model, packed_batch(seed=4, **LENGTHS), fused=fused)
+    assert_same_run(got, want, tol=2e-5)
+    assert "forward" not in model.get_output_embeddings().__dict__
+
+
+def test_packed_row_truncation_matches_padded_rows():
+    model = tiny_qwen2(tied=True, seed=5)
+    padded, packed = padded_batch(seed=5, **LENGTHS), packed_batch(seed=5, **LENGTHS)
+    mask = padded[4] > 0
+    with torch.no_grad():
+        want = LP.model_logprobs(model, *padded[:4], temperature=0.8, fused=False, truncation=(0.7, 20))
+        for fused in (False, True):
+            got = LP.model_logprobs(model, *packed[:4], temperature=0.8, fused=fused, truncation=(0.7, 20), packed=packed[5])
+            torch.testing.assert_close(got[0][mask], want[0][mask], rtol=2e-5, atol=2e-5)
+            torch.testing.assert_close(got[2].log_kept_mass[mask], want[2].log_kept_mass[mask], rtol=2e-5, atol=2e-5)
+            assert torch.equal(got[2].inside[mask], want[2].inside[mask]) and got[2].inside[~mask].all()
+    assert (want[2].log_kept_mass[mask] < 0).all()  # the truncation removed mass
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])

@@ -191,3 +191,18 @@ def test_under_top_p_the_ratio_over_the_kept_support_is_one_and_the_full_one_is_
     assert r["truncated"].exp().mean().item() == pytest.approx(1.0, abs=5e-3)
     assert r["full"].exp().mean().item() == pytest.approx(kept_mass, abs=5e-3)
     assert torch.isfinite(r["truncated"]).all()  # every sampled token is inside the trainer's kept set
+
+
+# --- the stale-sampler check (rollout.check_sync) ------------------------------------------------
+
+def test_sync_check_passes_a_synced_sampler_and_stops_a_stale_one(sampler, policy, tokenizer):
+    prompt = rollout.encode_prompts(tokenizer, PROBLEMS[:1])[0]
+    assert rollout.sync_mismatch(sampler, policy, prompt) < 1e-4  # fp32 on both sides
+    rollout.check_sync(sampler, policy, prompt, "fp32", step=0)
+    moved = copy.deepcopy(policy)  # the trainer moved on; the sampler was not synced
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    assert rollout.sync_mismatch(sampler, moved, prompt) > 10 * rollout.SYNC_TOLERANCE["fp32"]
+    with pytest.raises(rollout.SamplerOutOfSync, match=r"step 3: the sampler \(\w+\) does not hold the trainer's weights"):
+        rollout.check_sync(sampler, moved, prompt, "fp32", step=2)

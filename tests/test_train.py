@@ -352,6 +352,47 @@ def test_every_loss_through_update_policy_matches_a_one_piece_computation(varian
         torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=atol)
 
 
+PACKED_VARIANTS = {"grpo": [], "dapo+sum-norm": ["--loss-agg-mode", "seq-mean-token-sum-norm"],  # token-mean below
+                   "ce_gppo+terms+correction": ["--entropy-coef", "0.01", "--positive-lm-coef", "0.1",
+                                                "--rollout-correction", "token-tis", "--top-p", "0.9"]}
+
+
+@pytest.mark.parametrize("variant", sorted(PACKED_VARIANTS))
+def test_packed_micro_batches_update_like_padded_ones(variant, tiny_model_path):
+    """--micro-batch-tokens: rows of at most 40 tokens (several sequences each, mixed lengths) give the metrics and,
+    with SGD, the parameters of padded micro-batches of 2, for each way of aggregating and with the extra terms."""
+    import random
+    from transformers import AutoModelForCausalLM
+    common = ["--algo", variant.split("+")[0], "--n", "4", "--gen-prompts", "4", "--train-prompts", "4", "--mini-batch-prompts",
+              "2", "--micro-batch-size", "2", "--grad-clip", "1e9", "--max-prompt-len", "6", "--max-response-len", "12",
+              *PACKED_VARIANTS[variant]]
+    seqs, rng = fixed_groups(seed=1), random.Random(1)
+    for s in seqs:  # the sampler's log-probs, for the rollout correction
+        s["sampler_logprobs"] = [-rng.random() * 3 for _ in s["response_ids"]]
+    results = {}
+    for budget in (0, 40):
+        args = parse_train_args(common + ["--micro-batch-tokens", str(budget)])
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        policy = train.make_policy(args, model, torch.optim.SGD(model.parameters(), lr=0.5), 0, torch.device("cpu"))
+        minis = train.make_mini_batches(policy, [seqs[:8], seqs[8:]], args.loss)
+        metrics = train.old_logprobs(policy, minis, args.rollout_correction, args.rollout_correction_threshold)
+        metrics.update(train.update_policy(policy, minis, args.loss))
+        results[budget] = metrics, model.state_dict(), [len(m.micro) for m in minis]
+    (padded, want, padded_calls), (packed, got, packed_calls) = results[0], results[40]
+    assert padded_calls == [4, 4] and 2 <= min(packed_calls) and max(packed_calls) < 4  # fewer, fuller micro-batches
+    assert packed.keys() == padded.keys()
+    for k, v in padded.items():
+        assert packed[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-6)
+
+
+def test_micro_batch_tokens_must_hold_the_longest_sequence(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_train_args(["--micro-batch-tokens", "100"])  # tiny: 64 + 48 tokens
+    assert e.value.code == 2 and "--micro-batch-tokens (100) must hold the longest sequence" in capsys.readouterr().err
+
+
 def test_eval_acc_is_what_evaluate_py_reports(tmp_path, tiny_model_path):
     """train.py's eval_acc: the problems, k, sampling and scoring of `evaluate.py --benchmarks arith` (same seed)."""
     run_train(tmp_path, "--max-steps", "1", "--eval-every", "1", "--sampler", "hf")
@@ -448,3 +489,33 @@ def test_evaluation_from_step_0_and_checkpoints_evaluable_as_they_are(tmp_path, 
     again = subprocess.run([sys.executable, "evaluate.py", "--model", "tiny", "--benchmarks", "arith", "--k", "1",
                             "--output", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "exists; pass --overwrite" in again.stderr
+
+
+STALE = {  # a weight sync made to fail on purpose: the vLLM engine ignores it; HF samples from a copy never synced
+    "vllm": "rollout.VLLMSampler.load_weights = lambda self, named: None",
+    "hf": "real = rollout.make_sampler\n"
+          "rollout.make_sampler = lambda b, p, model=None, tokenizer=None, **k: real(b, p, model=copy.deepcopy(model), "
+          "tokenizer=tokenizer)",
+}
+
+
+@pytest.mark.parametrize("sampler", sorted(STALE))
+def test_a_stale_sampler_stops_the_run_with_one_line(sampler, tmp_path, tiny_model_path):
+    """Step 1 samples from the loaded weights (in sync); after its update the sampler keeps the old ones, and a later
+    step's check stops the run: exit code 1, one line naming the problem, the earlier steps' checkpoints and metrics
+    intact."""
+    if sampler == "vllm":
+        from conftest import vllm_or_skip
+        vllm_or_skip()
+    code = (f"import copy, sys\nsys.path.insert(0, {ROOT!r})\nimport rollout\n{STALE[sampler]}\nimport train\n"
+            f"train.run(sys.argv[1:])")
+    out = subprocess.run([sys.executable, "-c", code, *SMALL, "--sampler", sampler, "--max-steps", "3", "--save-every", "1",
+                          "--log-samples-every", "0", "--output-dir", str(tmp_path)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 1, out.stderr[-3000:]
+    stopped = int(last.split()[2].rstrip(":"))  # caught once the policy drifted past the tolerance: step 2 or 3
+    assert last.startswith(f"train.py: step {stopped}: the sampler (") and "does not hold the trainer's weights" in last
+    assert stopped in (2, 3) and "Traceback" not in out.stderr
+    assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, stopped))  # the steps before it are intact
+    assert sorted(os.listdir(tmp_path / "checkpoints"))[-1] == f"step_{stopped - 1:06d}"

@@ -24,6 +24,10 @@ Sections:
             Needs requirements-bench.txt for the TRL side; without it, ours only. On a GPU TRL also runs on its
             vLLM colocate mode, and --step-model/--step-prompts/--step-max-tokens set a larger shape.
   step_long the same step with every response exactly --step-long-tokens (256) long on both sides: rollout-bound
+  update_throughput  one train.py update, packed (--micro-batch-tokens) against padded micro-batches, on long-tailed
+            response lengths: tokens/s and model FLOPs utilisation against a GEMM rate measured on the same device
+            (formula above bench_update_throughput); --device cuda: R1-Distill-Qwen-1.5B's shape, bf16, 16k cap, peak
+            memory (target >= 40% MFU on an H100); CPU: a scaled-down shape (target packed >= 2x padded tokens/s)
   update_memory  (GPU only) one train.py update (stages 5 and 6) at the 1.5B model's shape, random weights, 2 x 16,384-token
             responses: peak memory with full logits against the fused log-probs, each in a fresh process
 """
@@ -331,6 +335,128 @@ def bench_update_memory(response_tokens=16384, prompt_tokens=512):
         out["weights_gib"] = r["weights_bytes"] / gib
     if "full_logits_s" in out and "fused_s" in out:
         out["fwd_bwd_saved_gib"] = out["full_logits_fwd_bwd_peak_gib"] - out["fused_fwd_bwd_peak_gib"]
+    return out
+
+
+# --- update throughput: packed against padded micro-batches, against the hardware's limit --------------------------
+# One train.py update (stages 5 and 6: one mini-batch, one AdamW step) of a Qwen2 with random weights, gradient
+# checkpointing on, fused log-probs, on sequences whose response lengths are long-tailed: lognormal with median
+# `median` and sigma 1 (mean ~1.65 x median), capped at `cap` (the run's max response length; ~5% of responses at the
+# defaults reach it, as truncated ones do), prompts uniform in [prompt_min, prompt_max]. Padded: micro-batches of
+# `micro_batch` sequences (the preset's 4) padded to their longest; packed: --micro-batch-tokens rows of `budget` tokens.
+# The model FLOPs of an update, counted as an MFU counts them (the recomputation of gradient checkpointing and the
+# padding are not useful work, so not counted):
+#   6 x (matmul parameters of the layers) x (prompt + response tokens)      linear layers, forward + backward
+#   + 6 x (LM head parameters) x (response tokens)                           the head runs on response positions only
+#   + 6 x layers x hidden x sum_i l_i^2                                       causal attention, QK^T and AV, l_i the
+#                                                                             sequence's length (2 l^2 d forward)
+# MFU = (FLOPs / seconds) / the device's matmul rate, measured here on the same device: a bf16 GEMM 8192^3 on a GPU,
+# an fp32 GEMM 2048^3 on a CPU (where the update runs in fp32: bf16 GEMMs are 10-100x slower without AVX512-BF16).
+
+R1_DISTILL_1P5B = dict(QWEN25_1P5B, max_position_embeddings=131072, rope_theta=10000.0, rms_norm_eps=1e-6)
+# the CPU's scaled-down shape: 4 layers of hidden 256 (head dim 64, GQA 4:2), vocabulary 16,384, responses <= 2,048
+CPU_SHAPE = dict(hidden_size=256, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=16384, tie_word_embeddings=False, max_position_embeddings=4096)
+
+
+def response_lengths(count, median, cap, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [int(min(cap, max(1, round(math.exp(math.log(median) + torch.randn(1, generator=g).item())))))
+            for _ in range(count)]
+
+
+def update_flops(config, lengths):
+    """lengths: [(prompt, response)] -> model FLOPs of one update (the formula above)."""
+    d, layers = config["hidden_size"], config["num_hidden_layers"]
+    kv = d * config["num_key_value_heads"] // config["num_attention_heads"]
+    layer = d * (d + 2 * kv) + d * d + 3 * d * config["intermediate_size"]  # q, k, v, o; gate, up, down
+    head = config["vocab_size"] * d
+    tokens, responses = sum(p + r for p, r in lengths), sum(r for _, r in lengths)
+    return 6 * layers * layer * tokens + 6 * head * responses + 6 * layers * d * sum((p + r) ** 2 for p, r in lengths)
+
+
+def matmul_rate(device, seconds=3.0):
+    """FLOP/s of a large square GEMM: bf16 8192^3 on CUDA, fp32 2048^3 on a CPU (the best of several runs)."""
+    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (2048, torch.float32)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    best, start = 0.0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        t = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = max(best, 4 * 2 * n**3 / (time.perf_counter() - t))
+    return best
+
+
+def _timed_update(policy, seqs, args):
+    """One update (stages 5 and 6 as train.main runs them); seconds and, on CUDA, its peak memory."""
+    import train
+    cuda = policy.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    minis = train.make_mini_batches(policy, [seqs], args.loss)
+    train.old_logprobs(policy, minis)
+    train.update_policy(policy, minis, args.loss)
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, len(minis[0].micro), torch.cuda.max_memory_allocated() if cuda else None
+
+
+def bench_update_throughput(device="cpu", sequences=16, median=None, cap=None, budget=None, micro_batch=4, repeats=3,
+                            prompt_range=None, attn="sdpa"):
+    """Packed against padded updates, alternating (a warm-up update of each first); tokens/s and MFU of each. CPU: the
+    scaled-down CPU_SHAPE in fp32, responses median 192 capped at 2,048; CUDA: R1-Distill-Qwen-1.5B's shape in bf16
+    autocast, median 3,000 capped at 16,384, budget 20,480 (the preset's 4,096-token prompt + 16,384 response)."""
+    import flags
+    import train
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        return {"skipped": "--device cuda but no CUDA GPU"}
+    config = R1_DISTILL_1P5B if cuda else CPU_SHAPE
+    median, cap = median or (3000 if cuda else 192), cap or (16384 if cuda else 2048)
+    low, high = prompt_range or ((128, 1024) if cuda else (16, 128))
+    budget = budget or (20480 if cuda else 2048 + 128)
+    g = torch.Generator().manual_seed(2)
+    lengths = [(int(torch.randint(low, high + 1, (1,), generator=g)), r) for r in response_lengths(sequences, median, cap)]
+    seqs = [{"prompt_ids": torch.randint(1, config["vocab_size"], (p,), generator=g).tolist(),
+             "response_ids": torch.randint(1, config["vocab_size"], (r,), generator=g).tolist(),
+             "advantage": (-1.0) ** i, "correct": i % 2 == 0} for i, (p, r) in enumerate(lengths)]
+    torch.manual_seed(0)
+    # attn: sdpa masks a packed row block-diagonally over the whole row; flash_attention_2 (pip flash-attn, CUDA) runs
+    # each sequence on its own (varlen, from the restarting position ids)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**config), dtype=torch.float32, attn_implementation=attn).to(device)
+    model.gradient_checkpointing_enable()
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    runs, rate = {"padded": [], "packed": []}, matmul_rate(device)
+    for round_ in range(repeats + 1):
+        for name, tokens in (("padded", 0), ("packed", budget)):
+            args = flags.resolve("r1-distill-1.5b", {"micro_batch_size": micro_batch, "micro_batch_tokens": tokens,
+                                                     "precision": "bf16" if cuda else "fp32"})
+            policy = train.make_policy(args, model, optimizer, pad_id=0, device=device, fused=True)
+            result = _timed_update(policy, seqs, args)
+            if round_:  # the first round is warm-up
+                runs[name].append(result)
+    flops, total = update_flops(config, lengths), sum(p + r for p, r in lengths)
+    out = {"device": torch.cuda.get_device_name() if cuda else cpu_model(), "shape": "R1-Distill-Qwen-1.5B" if cuda else
+           f"CPU_SHAPE {config}", "precision": "bf16 autocast" if cuda else "fp32", "sequences": sequences,
+           "lengths": f"prompts U[{low}, {high}], responses lognormal median {median} sigma 1 capped at {cap}",
+           "response_mean": statistics.mean(r for _, r in lengths), "response_max": max(r for _, r in lengths),
+           "tokens": total, "model_flops": flops, "matmul_rate_tflops": rate / 1e12, "budget": budget,
+           "micro_batch_size": micro_batch, "attention": attn}
+    for name, rs in runs.items():
+        seconds = statistics.median(r[0] for r in rs)
+        out.update({f"{name}_s": seconds, f"{name}_micro_batches": rs[0][1], f"{name}_tokens_per_s": total / seconds,
+                    f"{name}_mfu": flops / seconds / rate, f"{name}_runs_s": [r[0] for r in rs]})
+        if cuda:
+            out[f"{name}_peak_gib"] = max(r[2] for r in rs) / 2**30
+    out["packed_speedup"] = statistics.median(a[0] / b[0] for a, b in zip(runs["padded"], runs["packed"]))
     return out
 
 
@@ -691,7 +817,8 @@ def bench_step_long(tokens=256, **shape):
 
 
 SECTIONS = {"loss": bench_loss, "logprobs": bench_logprobs, "reward": bench_reward, "rollout": bench_rollout,
-            "step": bench_step, "step_long": bench_step_long, "update_memory": bench_update_memory}
+            "step": bench_step, "step_long": bench_step_long, "update_memory": bench_update_memory,
+            "update_throughput": bench_update_throughput}
 
 
 def cpu_model():
@@ -716,9 +843,12 @@ def main():
     parser.add_argument("--step-max-tokens", type=int, default=48, help="step: max response tokens")
     parser.add_argument("--step-micro-batch", type=int, default=32, help="step: sequences per forward/backward")
     parser.add_argument("--step-long-tokens", type=int, default=256, help="step_long: every response this long")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="logprobs: where the three paths run")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="logprobs, update_throughput: where they run")
     parser.add_argument("--logprobs-tokens", type=int, default=4096, help="logprobs: response tokens through the head")
     parser.add_argument("--update-response-tokens", type=int, default=16384, help="update_memory: tokens per response")
+    parser.add_argument("--update-sequences", type=int, default=16, help="update_throughput: sequences in the update")
+    parser.add_argument("--update-budget", type=int, default=0, help="update_throughput: --micro-batch-tokens (0: the default)")
+    parser.add_argument("--update-attn", default="sdpa", help="update_throughput: attention (sdpa | flash_attention_2 | eager)")
     parser.add_argument("--_trl-worker", default=None, help=argparse.SUPPRESS)  # internal: the TRL side of `step`
     args = parser.parse_args()
     if args._trl_worker:
@@ -745,6 +875,9 @@ def main():
             kwargs = dict(device=args.device, tokens=args.logprobs_tokens)
         elif name == "update_memory":
             kwargs = dict(response_tokens=args.update_response_tokens)
+        elif name == "update_throughput":
+            kwargs = dict(device=args.device, sequences=args.update_sequences, budget=args.update_budget,
+                          attn=args.update_attn)
         results[name] = SECTIONS[name](**kwargs)
         print(f"\n## {name}")
         for key, value in results[name].items():

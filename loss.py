@@ -431,7 +431,7 @@ def _closest(f, cfg) -> str:
     rule = f.metadata["rule"]
     if not rule.choices:
         return ""
-    close = difflib.get_close_matches(str(getattr(cfg, f.name)), list(globals()[rule.choices]), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(str(getattr(cfg, f.name)), [str(c) for c in globals()[rule.choices]], n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
@@ -533,6 +533,14 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     if weights is not None:  # a detached weight per token on the policy term (sampler/trainer mismatch)
         token_loss = token_loss * weights
     pg_loss = aggregate(token_loss, mask, cfg.loss_agg_mode, totals, cfg.norm_len)
+    loss, terms = _extra_terms(pg_loss, logp, mask, cfg, totals, entropy, correct, ref_logp)
+    metrics = {k: v.detach() for k, v in terms.items()}
+    metrics.update(_metrics(logp, log_ratio, tokens.adv, mask, ratio, extra, eps_low, eps_high, entropy))
+    return loss, metrics
+
+
+def _extra_terms(pg_loss, logp, mask, cfg, totals, entropy, correct, ref_logp):
+    """The policy term plus the terms that are not about the ratio: (loss, {term name: its value})."""
     loss, terms = pg_loss, {"pg_loss": pg_loss}
     if cfg.entropy_coef:  # entropy regularisation (the paper's §4 baseline): maximise the mean entropy
         if entropy is None or not entropy.requires_grad:
@@ -549,9 +557,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
             raise ValueError("kl_coef needs the reference model's log-probs of the same tokens (ref_logp=...)")
         kl = aggregate(kl_estimate(logp, ref_logp, cfg.kl_estimator, mask), mask, cfg.loss_agg_mode, totals, cfg.norm_len)
         loss, terms["kl_loss"] = loss + cfg.kl_coef * kl, kl
-    metrics = {k: v.detach() for k, v in terms.items()}
-    metrics.update(_metrics(logp, log_ratio, tokens.adv, mask, ratio, extra, eps_low, eps_high, entropy))
-    return loss, metrics
+    return loss, terms
 
 
 _valid_configs = set()

@@ -191,9 +191,10 @@ def validate(a: Args) -> list[str]:
         problems.append(f"--micro-batch-tokens ({a.micro_batch_tokens}) must hold the longest sequence, max-prompt-len + "
                         f"max-response-len = {a.max_prompt_len + a.max_response_len} (or be 0: padded micro-batches)")
     if (a.eval_every or a.eval_before_train) and not a.eval_data:
-        problems.append(f"--eval-every {a.eval_every}{' and --eval-before-train' if a.eval_before_train else ''} need "
-                        f"--eval-data (a benchmark name or file) for --train-data {a.train_data}; or pass --eval-every 0 "
-                        "--no-eval-before-train")
+        asked = " and ".join(([f"--eval-every {a.eval_every}"] if a.eval_every else []) +
+                             (["--eval-before-train"] if a.eval_before_train else []))
+        problems.append(f"{asked} {'need' if ' and ' in asked else 'needs'} --eval-data (a benchmark name or file) for "
+                        f"--train-data {a.train_data}; or pass --eval-every 0 --no-eval-before-train")
     return problems
 
 

@@ -313,12 +313,25 @@ def ensure_sums_model(cache_dir: str = DEFAULT_CACHE, cfg: SumsConfig | None = N
     return _cached(os.path.join(cache_dir, f"sums-qwen2-{config_hash(cfg)}"), cfg, build, "sums model", log)
 
 
-# --- the third task: merge, a short sums whose entropy sits in choices ----------------------------------
-# "Add up 7, 2, 9, 4, 5, 3, 8 and 6." with 7-9 numbers from 1-9, the same worked form as sums: each line
-# merges any two numbers of the remaining pool. Fewer numbers than sums keep the pool small enough for a ~1M model
-# to track and the sums small enough to add (sums' warm start stays near 6%), while every line still opens with
-# two free choices (which numbers, in which order) on a line of ~7-9 tokens, so choice points are a large share
-# of the response, unlike a format that copies the remaining pool onto every line (near-certain tokens).
+# --- the third task: merge, sums a ~1M model can track ------------------------------------------------
+# "Add up 7, 2, 9, 4, 5 and 3." (5-7 numbers from 1-9). A worked solution merges any two numbers of the remaining
+# pool per line and then writes out what is left, "9+4=13, left 7 2 5 3 13", until one number is left, then
+# \boxed{total}. Each line opens with two free choices (which numbers, in which order); the list after it is a
+# positional copy (the previous list without the two operands, the new sum at the end) that lets a small model
+# keep track of the pool. Without it (bare merges of 7-9 numbers) or with the pool items named by letters, a
+# 700-step warm start stays near 3-5% at T=1: the model reuses numbers or misquotes their values.
+
+def _merge_problem(numbers, rng):
+    pool, lines = list(numbers), []
+    while len(pool) > 1:
+        i, j = rng.sample(range(len(pool)), 2)
+        a, b = pool[i], pool[j]
+        pool = [x for k, x in enumerate(pool) if k not in (i, j)] + [a + b]
+        lines.append(f"{a}+{b}={a + b}" + (f", left {' '.join(map(str, pool))}" if len(pool) > 1 else ""))
+    words = ", ".join(map(str, numbers[:-1])) + f" and {numbers[-1]}"
+    return {"problem": f"Add up {words}.", "answer": sum(numbers), "numbers": list(numbers),
+            "solution": "\n".join(lines) + f"\n\\boxed{{{pool[0]}}}"}
+
 
 def merge_split(split: str, n: int, seed: int = 0) -> list[dict]:
     """n merge problems with one worked solution each; "train" and "test" never share a multiset of numbers."""
@@ -329,11 +342,11 @@ def merge_split(split: str, n: int, seed: int = 0) -> list[dict]:
     while len(rows) < n:
         numbers = [rng.randint(1, 9) for _ in range(rng.randint(*MERGE_TERMS))]
         if _sums_held_out(numbers) == (split == "test"):
-            rows.append(_sums_problem(numbers, rng))
+            rows.append(_merge_problem(numbers, rng))
     return rows
 
 
-MERGE_TERMS = (7, 9)
+MERGE_TERMS = (5, 7)
 
 
 @dataclass
@@ -341,10 +354,11 @@ class MergeConfig(SumsConfig):
     """The merge task's model and warm start (the sums model's shape); its hash names the cache folder."""
     sft_steps: int = 700
     task: str = "merge"  # part of the hash: the same shape trained on other data is another model
+    worked_form: str = "a+b=c, left ..."  # part of the hash: another worked form is another model
 
 
 def ensure_merge_model(cache_dir: str = DEFAULT_CACHE, cfg: MergeConfig | None = None, log=print) -> str:
-    """Path of the warm-started model of the merge task, building it on first use (about 4-5 minutes on 2 cores)."""
+    """Path of the warm-started model of the merge task, building it on first use (700 steps at ~0.35 s each on 2 idle cores)."""
     cfg = cfg or MergeConfig()
 
     def build():

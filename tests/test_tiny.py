@@ -69,16 +69,21 @@ def test_merge_splits_are_deterministic_and_disjoint():
 def test_merge_worked_solutions_are_right_and_open_lines_with_free_choices():
     rows = tiny.merge_split("train", 300, seed=2)
     for r in rows:
-        pool, lines = sorted(r["numbers"]), r["solution"].splitlines()
+        pool, lines = list(r["numbers"]), r["solution"].splitlines()
         assert len(lines) == len(pool)  # one merge per number but the last, then the boxed total
         for line in lines[:-1]:
-            a, b, c = map(int, re.fullmatch(r"(\d+)\+(\d+)=(\d+)", line).groups())
+            a, b, c, left = re.fullmatch(r"(\d+)\+(\d+)=(\d+)(?:, left ((?:\d+ )*\d+))?", line).groups()
+            a, b, c = int(a), int(b), int(c)
             assert a + b == c
-            pool.remove(a), pool.remove(b)
+            pool.remove(a), pool.remove(b)  # both operands were in the pool
             pool.append(c)
+            if len(pool) > 1:  # the list is the pool after this merge, the new sum last
+                assert sorted(map(int, left.split())) == sorted(pool) and int(left.split()[-1]) == c
+            else:
+                assert left is None
         assert pool == [r["answer"]] == [sum(r["numbers"])] and lines[-1] == f"\\boxed{{{r['answer']}}}"
     # the order is free: most of the 81 ordered pairs of digits open some solution
-    assert len({r["solution"].splitlines()[0] for r in rows}) > 60
+    assert len({r["solution"].splitlines()[0].split(",")[0] for r in rows}) > 60
 
 
 def test_the_verifier_scores_merge_solutions_and_rejects_a_wrong_total():
@@ -92,7 +97,7 @@ def test_merge_responses_fit_the_task_budget():
     rows = tiny.merge_split("train", 300, seed=5)
     tokenizer = tiny.build_tokenizer([r["problem"] + "\n" + r["solution"] for r in rows], 400)
     lengths = [len(tokenizer(r["solution"] + tiny.IM_END, add_special_tokens=False)["input_ids"]) for r in rows]
-    assert 55 <= sum(lengths) / len(lengths) <= 80 and max(lengths) < tiny.TASKS["merge"].max_response_len
+    assert 60 <= sum(lengths) / len(lengths) <= 100 and max(lengths) < tiny.TASKS["merge"].max_response_len
     prompts = [len(tokenizer(tiny.chat_prompt(tokenizer, r["problem"]), add_special_tokens=False)["input_ids"]) for r in rows]
     assert max(prompts) <= 64
 

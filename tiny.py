@@ -358,7 +358,7 @@ class MergeConfig(SumsConfig):
 
 
 def ensure_merge_model(cache_dir: str = DEFAULT_CACHE, cfg: MergeConfig | None = None, log=print) -> str:
-    """Path of the warm-started model of the merge task, building it on first use (700 steps at ~0.35 s each on 2 idle cores)."""
+    """Path of the warm-started model of the merge task, building it on first use (700 supervised steps)."""
     cfg = cfg or MergeConfig()
 
     def build():

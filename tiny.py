@@ -268,6 +268,39 @@ class SumsConfig:
     seed: int = 0
 
 
+def _sums_like_warm_start(cfg, split, what: str, log=print):
+    """(model, tokenizer) for a pool-merging task: a byte-level BPE and a small Qwen2, then supervised steps on
+    fresh worked solutions (`split(name, n, seed=...)`), each step on cfg.sft_batch_size new problems."""
+    from tqdm.auto import tqdm
+
+    corpus = [r["problem"] + "\n" + r["solution"] for r in split("train", 3000, seed=cfg.seed + 1)]
+    tokenizer = build_tokenizer(corpus, cfg.vocab_size)
+    model = build_model(TinyConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
+                                   num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                                   intermediate_size=cfg.intermediate_size,
+                                   max_position_embeddings=cfg.max_position_embeddings, seed=cfg.seed), tokenizer)
+    rows = split("train", cfg.sft_steps * cfg.sft_batch_size, seed=cfg.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0, betas=(0.9, 0.95))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / cfg.sft_warmup))
+    model.train()
+    bar = tqdm(range(cfg.sft_steps), desc=f"{what} warm start", unit="step", mininterval=2.0)
+    for step in bar:
+        batch = rows[step * cfg.sft_batch_size:(step + 1) * cfg.sft_batch_size]
+        prompts = [tokenizer(chat_prompt(tokenizer, r["problem"]), add_special_tokens=False)["input_ids"] for r in batch]
+        responses = [tokenizer(r["solution"] + IM_END, add_special_tokens=False)["input_ids"] for r in batch]
+        out = model(**sft_batch(tokenizer, prompts, responses))
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % 25 == 0 or step == cfg.sft_steps - 1:
+            bar.set_postfix(loss=f"{out.loss.item():.3f}", refresh=False)
+    bar.close()
+    log(f"  {what} warm start: {cfg.sft_steps} steps in {bar.format_dict['elapsed']:.0f}s, last loss {out.loss.item():.3f}")
+    return model.eval(), tokenizer
+
+
 def ensure_sums_model(cache_dir: str = DEFAULT_CACHE, cfg: SumsConfig | None = None, log=print) -> str:
     """Path of the warm-started model of the sums task, building it on first use (a few minutes on 2 cores)."""
     cfg = cfg or SumsConfig()
@@ -275,32 +308,65 @@ def ensure_sums_model(cache_dir: str = DEFAULT_CACHE, cfg: SumsConfig | None = N
     def build():
         log(f"sums model: building a {cfg.num_layers}-layer Qwen2 (hidden {cfg.hidden_size}), then a {cfg.sft_steps}-step "
             "supervised warm start on the sums task")
-        corpus = [r["problem"] + "\n" + r["solution"] for r in sums_split("train", 3000, seed=cfg.seed + 1)]
-        tokenizer = build_tokenizer(corpus, cfg.vocab_size)
-        model = build_model(TinyConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
-                                       num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                                       intermediate_size=cfg.intermediate_size,
-                                       max_position_embeddings=cfg.max_position_embeddings, seed=cfg.seed), tokenizer)
-        rows = sums_split("train", cfg.sft_steps * cfg.sft_batch_size, seed=cfg.seed)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0, betas=(0.9, 0.95))
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / cfg.sft_warmup))
-        model.train()
-        start = time.time()
-        for step in range(cfg.sft_steps):
-            batch = rows[step * cfg.sft_batch_size:(step + 1) * cfg.sft_batch_size]
-            prompts = [tokenizer(chat_prompt(tokenizer, r["problem"]), add_special_tokens=False)["input_ids"] for r in batch]
-            responses = [tokenizer(r["solution"] + IM_END, add_special_tokens=False)["input_ids"] for r in batch]
-            out = model(**sft_batch(tokenizer, prompts, responses))
-            out.loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            if step % 250 == 0 or step == cfg.sft_steps - 1:
-                log(f"  warm start step {step + 1}/{cfg.sft_steps}: loss {out.loss.item():.3f} ({time.time() - start:.0f}s)")
-        return model.eval(), tokenizer
+        return _sums_like_warm_start(cfg, sums_split, "sums", log)
 
     return _cached(os.path.join(cache_dir, f"sums-qwen2-{config_hash(cfg)}"), cfg, build, "sums model", log)
+
+
+# --- the third task: merge, sums a ~1M model can track ------------------------------------------------
+# "Add up 7, 2, 9, 4, 5 and 3." (5-7 numbers from 1-9). A worked solution merges any two numbers of the remaining
+# pool per line and then writes out what is left, "9+4=13, left 7 2 5 3 13", until one number is left, then
+# \boxed{total}. Each line opens with two free choices (which numbers, in which order); the list after it is a
+# positional copy (the previous list without the two operands, the new sum at the end) that lets a small model
+# keep track of the pool. Without it (bare merges of 7-9 numbers) or with the pool items named by letters, a
+# 700-step warm start stays near 3-5% at T=1: the model reuses numbers or misquotes their values.
+
+def _merge_problem(numbers, rng):
+    pool, lines = list(numbers), []
+    while len(pool) > 1:
+        i, j = rng.sample(range(len(pool)), 2)
+        a, b = pool[i], pool[j]
+        pool = [x for k, x in enumerate(pool) if k not in (i, j)] + [a + b]
+        lines.append(f"{a}+{b}={a + b}" + (f", left {' '.join(map(str, pool))}" if len(pool) > 1 else ""))
+    words = ", ".join(map(str, numbers[:-1])) + f" and {numbers[-1]}"
+    return {"problem": f"Add up {words}.", "answer": sum(numbers), "numbers": list(numbers),
+            "solution": "\n".join(lines) + f"\n\\boxed{{{pool[0]}}}"}
+
+
+def merge_split(split: str, n: int, seed: int = 0) -> list[dict]:
+    """n merge problems with one worked solution each; "train" and "test" never share a multiset of numbers."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    rng = random.Random(f"merge-{split}-{seed}")
+    rows = []
+    while len(rows) < n:
+        numbers = [rng.randint(1, 9) for _ in range(rng.randint(*MERGE_TERMS))]
+        if _sums_held_out(numbers) == (split == "test"):
+            rows.append(_merge_problem(numbers, rng))
+    return rows
+
+
+MERGE_TERMS = (5, 7)
+
+
+@dataclass
+class MergeConfig(SumsConfig):
+    """The merge task's model and warm start (the sums model's shape); its hash names the cache folder."""
+    sft_steps: int = 700
+    task: str = "merge"  # part of the hash: the same shape trained on other data is another model
+    worked_form: str = "a+b=c, left ..."  # part of the hash: another worked form is another model
+
+
+def ensure_merge_model(cache_dir: str = DEFAULT_CACHE, cfg: MergeConfig | None = None, log=print) -> str:
+    """Path of the warm-started model of the merge task, building it on first use (700 supervised steps)."""
+    cfg = cfg or MergeConfig()
+
+    def build():
+        log(f"merge model: building a {cfg.num_layers}-layer Qwen2 (hidden {cfg.hidden_size}), then a {cfg.sft_steps}-step "
+            "supervised warm start on the merge task")
+        return _sums_like_warm_start(cfg, merge_split, "merge", log)
+
+    return _cached(os.path.join(cache_dir, f"merge-qwen2-{config_hash(cfg)}"), cfg, build, "merge model", log)
 
 
 # --- the registry: what data.py and train.py see ---------------------------------------------------------
@@ -318,6 +384,8 @@ TASKS = {
     "arith": Task(lambda seed: arithmetic_split("train", 4096, seed=seed), held_out_problems, 48, 8, ensure_tiny_model),
     "sums": Task(lambda seed: sums_split("train", 8192, seed=seed), lambda: sums_split("test", 128, seed=0), 192, 4,
                  ensure_sums_model),
+    "merge": Task(lambda seed: merge_split("train", 8192, seed=seed), lambda: merge_split("test", 128, seed=0), 128, 8,
+                  ensure_merge_model),
 }
 
 

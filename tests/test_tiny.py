@@ -53,7 +53,56 @@ def test_sums_responses_are_long_in_the_task_tokenizer():
     assert max(prompts) <= 96  # the sums preset's --max-prompt-len
 
 
-@pytest.mark.parametrize("task", ["arith", "sums"])
+def test_merge_splits_are_deterministic_and_disjoint():
+    a = tiny.merge_split("train", 300, seed=0)
+    assert a == tiny.merge_split("train", 300, seed=0) and tiny.merge_split("train", 300, seed=1) != a
+    test = tiny.merge_split("test", 300, seed=0)
+    train_sets = {tuple(sorted(r["numbers"])) for r in tiny.merge_split("train", 3000, seed=0)}
+    assert not train_sets & {tuple(sorted(r["numbers"])) for r in test}
+    low, high = tiny.MERGE_TERMS
+    assert all(low <= len(r["numbers"]) <= high and all(1 <= x <= 9 for x in r["numbers"]) for r in a + test)
+    held = data.load_benchmark("merge")
+    assert len(held) == 128 and held == data.load_benchmark("merge")
+    assert [r["answer"] for r in held] == [sum(r["numbers"]) for r in tiny.merge_split("test", 128, seed=0)]
+
+
+def test_merge_worked_solutions_are_right_and_open_lines_with_free_choices():
+    rows = tiny.merge_split("train", 300, seed=2)
+    for r in rows:
+        pool, lines = list(r["numbers"]), r["solution"].splitlines()
+        assert len(lines) == len(pool)  # one merge per number but the last, then the boxed total
+        for line in lines[:-1]:
+            a, b, c, left = re.fullmatch(r"(\d+)\+(\d+)=(\d+)(?:, left ((?:\d+ )*\d+))?", line).groups()
+            a, b, c = int(a), int(b), int(c)
+            assert a + b == c
+            pool.remove(a), pool.remove(b)  # both operands were in the pool
+            pool.append(c)
+            if len(pool) > 1:  # the list is the pool after this merge, the new sum last
+                assert sorted(map(int, left.split())) == sorted(pool) and int(left.split()[-1]) == c
+            else:
+                assert left is None
+        assert pool == [r["answer"]] == [sum(r["numbers"])] and lines[-1] == f"\\boxed{{{r['answer']}}}"
+    # the order is free: most of the 81 ordered pairs of digits open some solution
+    assert len({r["solution"].splitlines()[0].split(",")[0] for r in rows}) > 60
+
+
+def test_the_verifier_scores_merge_solutions_and_rejects_a_wrong_total():
+    rows = tiny.merge_split("test", 40, seed=0)
+    bad = [r["solution"].rsplit("\\boxed", 1)[0] + f"\\boxed{{{r['answer'] - 1}}}" for r in rows]
+    scores = reward.score_batch([r["solution"] for r in rows] + bad, [r["answer"] for r in rows] * 2)
+    assert scores == [1.0] * 40 + [-1.0] * 40
+
+
+def test_merge_responses_fit_the_task_budget():
+    rows = tiny.merge_split("train", 300, seed=5)
+    tokenizer = tiny.build_tokenizer([r["problem"] + "\n" + r["solution"] for r in rows], 400)
+    lengths = [len(tokenizer(r["solution"] + tiny.IM_END, add_special_tokens=False)["input_ids"]) for r in rows]
+    assert 60 <= sum(lengths) / len(lengths) <= 100 and max(lengths) < tiny.TASKS["merge"].max_response_len
+    prompts = [len(tokenizer(tiny.chat_prompt(tokenizer, r["problem"]), add_special_tokens=False)["input_ids"]) for r in rows]
+    assert max(prompts) <= 64
+
+
+@pytest.mark.parametrize("task", ["arith", "sums", "merge"])
 def test_each_task_is_a_training_source_and_a_benchmark(task):
     rows = data.load_rows(task)
     held = data.load_benchmark(task)

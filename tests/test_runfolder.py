@@ -105,6 +105,7 @@ def test_another_runs_checkpoints_are_never_used(tmp_path, finished_run):
 
 def test_a_full_disk_removes_the_partial_checkpoint_and_keeps_the_last_good_one(tmp_path, monkeypatch, tiny_model_path):
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
@@ -112,9 +113,9 @@ def test_a_full_disk_removes_the_partial_checkpoint_and_keeps_the_last_good_one(
     runfolder.save_checkpoint(str(tmp_path), 1, 2, model, tokenizer, optimizer, {"flags": {}})
     real_save = dcp.save
 
-    def full_disk(state, checkpoint_id, **kw):  # what torch's writer raises when the disk fills mid-file
+    def full_disk(state, checkpoint_id, **kw):  # what torch's writer raises when the disk fills mid-file (see below)
         real_save(state, checkpoint_id=checkpoint_id, **kw)
-        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 123 vs 456")
+        raise CheckpointException("write", {0: RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 123 vs 456")})
 
     monkeypatch.setattr(dcp, "save", full_disk)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))
@@ -125,6 +126,194 @@ def test_a_full_disk_removes_the_partial_checkpoint_and_keeps_the_last_good_one(
     assert state["step"] == 1
     # any other failure is not reported as a full disk, and still leaves no partial folder
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 0, 10**12))
-    with pytest.raises(RuntimeError, match="enforce fail"):
+    with pytest.raises(CheckpointException, match="enforce fail"):
         runfolder.save_checkpoint(str(tmp_path), 2, 2, model, tokenizer, optimizer, {"flags": {}})
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_000001"]
+
+
+# --- issue 23: a real full disk, the output-folder lock, planted pickles, model folders with parts missing ---------
+
+class Tokenizer:
+    """What save_checkpoint needs of a tokenizer."""
+
+    def save_pretrained(self, folder):
+        with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+            f.write("{}")
+
+
+def small_model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, max_position_embeddings=64)
+    model = Qwen2ForCausalLM(config)
+    return model, torch.optim.AdamW(model.parameters())
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 3 MiB file system (tmpfs; needs root), or None where one cannot be mounted."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)],
+                                           capture_output=True).returncode != 0:
+        yield None
+        return
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_a_really_full_disk_stops_in_one_line_and_keeps_the_last_good_checkpoint(tmp_path, small_disk, monkeypatch):
+    """torch's writer on a full file system raises CheckpointException, a BaseException: caught, reported as a full
+    disk, the partial folder removed. On a real 3 MiB tmpfs where the test runs as root; elsewhere the writer's own
+    fsync fails with ENOSPC, so the exception still comes from torch's writer, not from a stand-in."""
+    import errno
+
+    import torch.distributed.checkpoint.filesystem as fs
+    from torch.distributed.checkpoint.api import CheckpointException
+    model, optimizer = small_model()
+    out = str(small_disk or tmp_path / "out")
+    runfolder.save_checkpoint(out, 1, 2, model, Tokenizer(), optimizer, {"flags": {}})  # ~1.6 MiB: fits once
+    if small_disk is None:
+        def no_space(fd):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        monkeypatch.setattr(fs.os, "fsync", no_space)
+    with pytest.raises(SystemExit, match=r"no space left on the device writing .*step_000002; its partial folder was removed"):
+        runfolder.save_checkpoint(out, 2, 2, model, Tokenizer(), optimizer, {"flags": {}})
+    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_000001"]  # no step_000002.tmp left
+    state = runfolder.load_checkpoint(os.path.join(out, "checkpoints", "step_000001"), model, optimizer)
+    assert state["step"] == 1
+    assert issubclass(CheckpointException, BaseException) and not issubclass(CheckpointException, Exception)
+
+
+def test_ctrl_c_during_a_checkpoint_write_leaves_no_partial_folder(tmp_path, monkeypatch):
+    import torch.distributed.checkpoint as dcp
+    model, optimizer = small_model()
+    runfolder.save_checkpoint(str(tmp_path), 1, 2, model, Tokenizer(), optimizer, {"flags": {}})
+    real_save = dcp.save
+
+    def interrupted(state, checkpoint_id, **kw):
+        real_save(state, checkpoint_id=checkpoint_id, **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dcp, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runfolder.save_checkpoint(str(tmp_path), 2, 2, model, Tokenizer(), optimizer, {"flags": {}})
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_000001"]
+
+
+HOLD = """
+import sys, time
+sys.path.insert(0, {root!r})
+import runfolder
+lock = runfolder.lock_output_dir({folder!r})
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_one_run_per_output_folder_and_a_dead_runs_lock_is_reported(tmp_path):
+    folder = str(tmp_path / "run")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(root=ROOT, folder=folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(SystemExit, match=rf"--output-dir {folder} is in use by another run \(pid {holder.pid} on .*, "
+                                             r"started .*\); wait for it to end, or choose another --output-dir"):
+            runfolder.lock_output_dir(folder)
+    finally:
+        holder.kill()  # kill -9: the kernel drops its flock; its note stays in the file
+        holder.wait()
+    said = []
+    lock = runfolder.lock_output_dir(folder, log=said.append)
+    assert len(said) == 1 and f"found the lock of a run that ended without releasing it (pid {holder.pid} on" in said[0]
+    with pytest.raises(SystemExit, match="is in use by another run"):  # a second lock in this very process, too
+        runfolder.lock_output_dir(folder)
+    lock.release()
+    said.clear()
+    with runfolder.lock_output_dir(folder, log=said.append):  # released cleanly: nothing to report
+        assert said == []
+    assert open(os.path.join(folder, ".lock")).read() == ""
+
+
+def test_planted_pickles_in_a_checkpoint_are_refused_without_running(tmp_path):
+    import pickle
+
+    from test_bad_input import Planted
+    model, optimizer = small_model()
+    ckpt = runfolder.save_checkpoint(str(tmp_path), 1, 2, model, Tokenizer(), optimizer,
+                                     {"flags": {"seed": 0}, "scheduler": {}, "data": {}, "loop": {"step": 1}})
+    assert runfolder.check_checkpoint(ckpt)["flags"] == {"seed": 0}
+    marker = tmp_path / "ran"
+    for part, text in (("trainer_state.pt", "holds objects other than tensors and plain values"),
+                       (".metadata", "names posix.system, which a checkpoint's metadata never holds")):
+        kept = open(os.path.join(ckpt, part), "rb").read()
+        with open(os.path.join(ckpt, part), "wb") as f:
+            pickle.dump(Planted(marker), f)
+        with pytest.raises(SystemExit, match=text):
+            runfolder.check_checkpoint(ckpt)
+        with pytest.raises(SystemExit, match=text):
+            runfolder.load_checkpoint(ckpt, model, optimizer)
+        with open(os.path.join(ckpt, part), "wb") as f:
+            f.write(kept)
+    assert not marker.exists()
+    # a dotted global reaches through an allowed module to a function: refused too
+    meta = os.path.join(ckpt, ".metadata")
+    with open(meta, "wb") as f:
+        f.write(b"\x80\x04ctorch.distributed.checkpoint.filesystem\nos.system\n(Vtrue\ntR.")  # plain pickle would run it
+    with pytest.raises(SystemExit, match=r"names torch.distributed.checkpoint.filesystem.os.system"):
+        runfolder.check_checkpoint(ckpt)
+
+
+def test_model_folders_with_parts_missing_are_one_line(tmp_path):
+    from test_bad_input import fake_checkpoint
+    model, _ = small_model()
+    good = tmp_path / "good"
+    model.save_pretrained(good)
+    runfolder.check_model_folder(str(good))
+
+    def broken(name, change):
+        folder = tmp_path / name
+        shutil.copytree(good, folder)
+        change(folder)
+        return str(folder)
+
+    def write(path, content, mode="w"):
+        with open(path, mode) as f:
+            f.write(content)
+
+    weights = "model.safetensors"
+    size = os.path.getsize(good / weights)
+    cases = {
+        "no weights": (lambda f: os.remove(f / weights), "has config.json but no weights"),
+        "no config": (lambda f: os.remove(f / "config.json"), "the folder has no config.json"),
+        "config torn": (lambda f: write(f / "config.json", '{"model_type": "qw'), "config.json is not readable (not valid JSON"),
+        "config a list": (lambda f: write(f / "config.json", "[]"), "config.json is not a JSON object"),
+        "config not a model": (lambda f: write(f / "config.json", '{"a": 1}'), "config.json names no model_type"),
+        "config binary": (lambda f: write(f / "config.json", b"\xff\xfe\x00", "wb"), "config.json is not readable"),
+        "weights truncated": (lambda f: os.truncate(f / weights, size // 2), f"truncated or damaged ({size // 2} bytes"),
+        "weights empty": (lambda f: os.truncate(f / weights, 0), "not a safetensors file"),
+        "weights garbage": (lambda f: write(f / weights, b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!", "wb"),
+                            "not a safetensors file"),
+        "weights padded": (lambda f: write(f / weights, b"\x00" * 9, "ab"), f"({size + 9} bytes; its header declares {size})"),
+        "index names a missing shard": (lambda f: write(f / "model.safetensors.index.json", json.dumps(
+            {"weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}})), "names 1 weight file(s) that are missing"),
+        "index without a map": (lambda f: write(f / "model.safetensors.index.json", "{}"), "has no weight_map"),
+    }
+    wrong = []
+    for name, (change, text) in cases.items():
+        try:
+            runfolder.check_model_folder(broken(name.replace(" ", "-"), change))
+            wrong.append(f"{name}: accepted")
+        except SystemExit as e:
+            if e.code != 2 or text not in str(e) or "\n" in str(e):
+                wrong.append(f"{name}: {e}")
+    checkpoint = fake_checkpoint(tmp_path / "checkpoints" / "step_000001")
+    try:
+        runfolder.check_model_folder(str(checkpoint))
+        wrong.append("a checkpoint: accepted")
+    except SystemExit as e:
+        if "is a training checkpoint, not a model folder: export it first" not in str(e):
+            wrong.append(f"a checkpoint: {e}")
+    assert not wrong, "\n".join(wrong)

@@ -157,7 +157,10 @@ def begin(output_dir: str, resume: bool, resume_from: str | None, flags: dict, i
     torn line; write config.json (the flags, and info: preset, versions, ...)."""
     if D.is_main():
         if resume:
-            keep_rows_up_to(os.path.join(output_dir, "metrics.jsonl"), step_of(resume_from) if resume_from else 0, log)
+            metrics = os.path.join(output_dir, "metrics.jsonl")
+            keep_rows_up_to(metrics, step_of(resume_from) if resume_from else 0, log)
+            if resume_from:
+                restore_row(metrics, read_trainer_state(resume_from).get("row"), log)
         write_json_atomically(os.path.join(output_dir, "config.json"), {**info, "flags": flags})
     D.barrier()
 
@@ -307,6 +310,29 @@ def keep_rows_up_to(metrics_path: str, step: int, log=print):
         f.writelines(keep)
     os.replace(tmp, metrics_path)
     log(f"moved {len(drop)} row(s) logged after step {step} (or torn) to {os.path.basename(metrics_path).replace('.jsonl', '.discarded.jsonl')}")
+
+
+def restore_row(metrics_path: str, row, log=print):
+    """On resume: the checkpoint's own step's metrics row, saved in it because the checkpoint is written before that
+    step's held-out evaluation and the row after it. A run stopped in between (a failed evaluation, a kill) left no
+    row for that step: it is appended here, without the evaluation's numbers."""
+    if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+        return
+    rows = read_jsonl(metrics_path)
+    if rows and isinstance(rows[-1].get("step"), int) and rows[-1]["step"] >= row["step"]:
+        return
+    append_jsonl(metrics_path, [{**row, "eval_lost": True}])
+    log(f"step {row['step']}: its metrics row was not written (the run stopped during its evaluation); restored "
+        "it from the checkpoint, without eval_acc")
+
+
+def interrupted(output_dir: str, program: str = "train.py") -> str:
+    """The line a run stopped by Ctrl-C ends with: what is kept, and how to go on."""
+    found = checkpoint_dirs(output_dir)
+    if found:
+        return (f"{program}: interrupted; the last checkpoint, {found[-1]}, is kept: pass --resume to continue from "
+                f"step {step_of(found[-1])}")
+    return f"{program}: interrupted before the first checkpoint; --resume starts again from step 0"
 
 
 # --- folders written atomically ---------------------------------------------------------------------

@@ -331,3 +331,32 @@ def test_adversarial_input_is_one_line_and_exit_code_2(tmp_path, capsys, monkeyp
     assert not wrong, "\n\n".join(wrong)
     assert not marker.exists(), "a planted pickle ran its code"
     assert len(cases) >= 55
+
+
+MEASURE = """
+import resource, sys
+sys.path.insert(0, {root!r})
+import data
+data.task_names()  # imports what load_rows imports, before the baseline
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    data.load_rows({path!r})
+except SystemExit as e:
+    print(e)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024, "MiB")
+"""
+
+
+def test_a_50_mb_line_is_refused_with_bounded_memory_and_a_fifo_without_blocking(tmp_path):
+    """Rows are read one at a time, each at most data.MAX_ROW_CHARS: a 50 MB line costs tens of MiB, not the line
+    times Python's overhead. A FIFO (which blocked train.py and evaluate.py in open() or read()) is refused at once."""
+    path = write(tmp_path / "line.jsonl", '{"problem": "' + "x" * 50_000_000 + '", "answer": 1}\n')
+    done = subprocess.run([sys.executable, "-c", MEASURE.format(root=ROOT, path=path)], capture_output=True, text=True,
+                          timeout=120)
+    message, grew = done.stdout.strip().splitlines()
+    assert "line.jsonl: line 1 is longer than 8 MiB" in message
+    assert int(grew.split()[0]) < 150, grew
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    code, stderr = run(["evaluate.py", "--model", "tiny", "--benchmarks", str(tmp_path / "fifo.jsonl"), "--output",
+                        str(tmp_path / "out.json")])
+    assert code == 2 and "fifo.jsonl: a FIFO (named pipe), not a regular file" in stderr

@@ -317,3 +317,19 @@ def test_model_folders_with_parts_missing_are_one_line(tmp_path):
         if "is a training checkpoint, not a model folder: export it first" not in str(e):
             wrong.append(f"a checkpoint: {e}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_a_row_lost_to_a_failed_evaluation_is_restored_from_its_checkpoint(tmp_path):
+    """The checkpoint of step N is written before step N's evaluation, the row after it: a run stopped in between
+    resumes with row N restored from the checkpoint (without eval_acc), so metrics.jsonl has no gap."""
+    from test_bad_input import fake_checkpoint
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        f.write('{"step": 1, "reward_mean": 0.5}\n{"step": 2, "reward_mean": 0.25}\n')
+    state = {"step": 3, "rng": {}, "row": {"step": 3, "reward_mean": 0.75}}
+    ckpt = str(fake_checkpoint(tmp_path / "checkpoints" / "step_000003", state=state))
+    said = []
+    runfolder.begin(str(tmp_path), True, ckpt, {}, {}, log=said.append)
+    assert [(r["step"], r.get("eval_lost")) for r in runfolder.read_jsonl(tmp_path / "metrics.jsonl")] == \
+        [(1, None), (2, None), (3, True)]
+    runfolder.begin(str(tmp_path), True, ckpt, {}, {}, log=said.append)  # already there: nothing added
+    assert [r["step"] for r in runfolder.read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3] and len(said) == 1

@@ -13,7 +13,10 @@ The named benchmarks read their own public layouts (BENCHMARKS). The question be
 rendered later with the model's chat template (rollout.py); the answer is what reward.py verifies against.
 
 Bad input raises UserError naming the file and the row (the line, for .jsonl); train.py and evaluate.py print
-its message as one line and exit with code 2.
+its message as one line and exit with code 2. JSON files are read one row at a time, a row at most MAX_ROW_CHARS
+(8 MiB); a FIFO, device or socket is refused before any read; a row must be an object whose messages are objects
+with a known role, its texts valid UTF-8 (no unpaired surrogates), its answer a string or a finite number (NaN,
+Infinity, 1e400, 1e-400 and integers past 4300 digits are refused where the JSON is read).
 """
 
 import json

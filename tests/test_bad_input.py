@@ -230,12 +230,23 @@ def adversarial_cases(tmp):
     }
     os.mkfifo(tmp / "fifo.jsonl")
     files["fifo"] = str(tmp / "fifo.jsonl")
+    os.mkfifo(tmp / "fifo.parquet")
+    files["parquet FIFO"] = str(tmp / "fifo.parquet")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"problem": ["a", "b"], "answer": [1.5, float("nan")]}), tmp / "nan.parquet")
+    files["parquet NaN answer"] = str(tmp / "nan.parquet")
+    pq.write_table(pa.table({"problem": ["a"], "answer": [[1, 2]]}), tmp / "list.parquet")
+    files["parquet list answer"] = str(tmp / "list.parquet")
     os.symlink(os.devnull, tmp / "null.jsonl")
     os.symlink(tmp / "loop.jsonl", tmp / "loop.jsonl")
     (tmp / "folder.jsonl").mkdir()
     t = ["train.py", "--max-steps", "1", "--eval-every", "0"]
     expect = {
         "fifo": "fifo.jsonl: a FIFO (named pipe), not a regular file",
+        "parquet FIFO": "fifo.parquet: a FIFO (named pipe), not a regular file",
+        "parquet NaN answer": "nan.parquet: row 1: the answer is nan, which no response can ever be verified against",
+        "parquet list answer": "list.parquet: row 0: the answer must be a string or a number, got list",
         "deep": "deep.jsonl: line 1 is nested too deeply", "deep array": "deep.json: row 0 (line 1) is nested too deeply",
         "message not an object": "msg.jsonl: line 1: `prompt` message 1 is not an object (got str)",
         "message list of strings": "msgs.jsonl: line 1 has no question",

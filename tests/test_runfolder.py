@@ -115,7 +115,7 @@ def test_a_full_disk_removes_the_partial_checkpoint_and_keeps_the_last_good_one(
 
     def full_disk(state, checkpoint_id, **kw):  # what torch's writer raises when the disk fills mid-file (see below)
         real_save(state, checkpoint_id=checkpoint_id, **kw)
-        raise CheckpointException("write", {0: RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 123 vs 456")})
+        raise CheckpointException("write", {0: (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 123 vs 456"), [])})
 
     monkeypatch.setattr(dcp, "save", full_disk)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))

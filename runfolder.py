@@ -464,7 +464,7 @@ def load_checkpoint(folder, model, optimizer) -> dict:
     check_dcp_metadata(folder)  # DCP unpickles it without restriction
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(state, checkpoint_id=folder, no_dist=D.world_size() == 1)  # reshards to this run's world size
+    _dcp_load(state, folder)  # reshards to this run's world size
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     trainer_state = read_trainer_state(folder)
     random.setstate(trainer_state["rng"]["python"])
@@ -576,6 +576,38 @@ def _first_line(error) -> str:
     return text.splitlines()[0][:200] if text else ""
 
 
+def _dcp_load(state, folder, no_dist=None):
+    """dcp.load with the non-tensor entries (optimizer settings: lr, betas, ...) read by torch.load(weights_only=True);
+    DCP's default planner reads them with weights_only=False, so a planted shard could run code. A refused or
+    unreadable entry is one line."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class Planner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value):
+            value = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:  # as DefaultLoadPlanner.load_bytes, but weights_only
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], value)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = value
+
+    try:
+        dcp.load(state, checkpoint_id=folder, planner=Planner(), no_dist=D.world_size() == 1 if no_dist is None else no_dist)
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        refused = [c for c in _causes(e) if isinstance(c, pickle.UnpicklingError)]
+        if refused:
+            raise UserError(f"--resume: {folder} holds objects other than tensors and plain values in its shards; "
+                            "refusing to load them (they could run code)") from None
+        failure = _io_failure(e)
+        if failure is not None or type(e).__name__ == "CheckpointException":
+            raise UserError(f"--resume: {folder} could not be read ({failure or _first_line(e)}); move it aside to "
+                            "resume from the checkpoint before it") from None
+        raise
+
+
 def export_hf(checkpoint_dir, out_dir):
     """A checkpoint's policy in HF format (for evaluate.py or vLLM), in one process whatever world size wrote it:
     python -c "import runfolder; runfolder.export_hf('runs/tiny/checkpoints/step_000050', 'runs/tiny/step_50')" """
@@ -585,7 +617,7 @@ def export_hf(checkpoint_dir, out_dir):
     check_dcp_metadata(checkpoint_dir)  # DCP unpickles it without restriction
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(checkpoint_dir), dtype=torch.float32)
     state = {"model": get_model_state_dict(model)}
-    dcp.load(state, checkpoint_id=checkpoint_dir, no_dist=True)  # the model part only; the optimizer stays on disk
+    _dcp_load(state, checkpoint_dir, no_dist=True)  # the model part only; the optimizer stays on disk
     set_model_state_dict(model, state["model"])
     model.save_pretrained(out_dir)
     AutoTokenizer.from_pretrained(checkpoint_dir).save_pretrained(out_dir)

@@ -333,3 +333,23 @@ def test_a_row_lost_to_a_failed_evaluation_is_restored_from_its_checkpoint(tmp_p
         [(1, None), (2, None), (3, True)]
     runfolder.begin(str(tmp_path), True, ckpt, {}, {}, log=said.append)  # already there: nothing added
     assert [r["step"] for r in runfolder.read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3] and len(said) == 1
+
+
+def test_a_planted_object_in_a_checkpoint_shard_is_refused_without_running(tmp_path):
+    """DCP stores non-tensor entries (the optimizer's lr, betas, ...) as pickles inside the .distcp shards and its
+    default planner loads them with weights_only=False; load_checkpoint reads them with weights_only=True."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from test_bad_input import Planted
+    model, optimizer = small_model()
+    folder = runfolder.save_checkpoint(str(tmp_path), 1, 2, model, Tokenizer(), optimizer, {"flags": {}})
+    runfolder.load_checkpoint(folder, model, optimizer)  # the honest one loads
+    marker = tmp_path / "ran"
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    optimizer_state["param_groups"][0]["lr"] = Planted(marker)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder, no_dist=True)
+    runfolder.check_checkpoint(folder)  # its .metadata is DCP's own
+    with pytest.raises(SystemExit, match="holds objects other than tensors and plain values in its shards; refusing"):
+        runfolder.load_checkpoint(folder, model, optimizer)
+    assert not marker.exists()

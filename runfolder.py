@@ -46,9 +46,12 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 
 def crash_point(name: str):
     """Fault injection for tests: TRAIN_CRASH_AT=<name> (e.g. "update:3") kills this process right here, as kill -9
-    would. Does nothing otherwise."""
+    would; TRAIN_INTERRUPT_AT=<name> sends it SIGINT, as Ctrl-C would. Does nothing otherwise."""
     if os.environ.get("TRAIN_CRASH_AT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("TRAIN_INTERRUPT_AT") == name:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1.0)  # the KeyboardInterrupt lands here, at the next bytecode
 
 
 # --- starting: a new run, or a resume --------------------------------------------------------------

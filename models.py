@@ -19,8 +19,8 @@ def resolve_model(name: str) -> str:
         D.barrier()
         return path if D.is_main() else tiny.ensure_task_model(task, log=lambda *a: None)
     if os.path.isdir(name):
-        if not os.path.exists(os.path.join(name, "config.json")):
-            raise UserError(f"--model {name}: the folder has no config.json (not an HF model folder)")
+        import runfolder
+        runfolder.check_model_folder(name)  # config.json, weights, intact headers: one line for what is missing
         return name
     if os.path.exists(name) or name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise UserError(f"--model {name}: no such model folder, and not a hub id (owner/name)")

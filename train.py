@@ -50,6 +50,17 @@ from flags import Args
 
 
 def main(args: Args):
+    """The run, holding the output folder's lock (rank 0; torchrun sets RANK before anything starts) for its whole
+    life: a second run or resume on the same folder is refused at once (runfolder.lock_output_dir)."""
+    lock = RF.lock_output_dir(args.output_dir) if os.environ.get("RANK", "0") == "0" else None
+    try:
+        train(args)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def train(args: Args):
     run = start_run(args)  # checks, data, model, optimizer, sampler, resume: everything before the first step
     policy = run.policy
     for step in run.bar:
@@ -110,6 +121,7 @@ class Run:
     device: torch.device
     metrics_path: str
     log: object
+    eval_settings: dict = None  # k, max_tokens, temperature, top_p of the held-out evaluation
 
 
 def start_run(args) -> Run:
@@ -127,6 +139,7 @@ def start_run(args) -> Run:
     resume_from = RF.check(args.output_dir, args.resume, flags.flat_flags(args), log)
     rows = data.load_rows(args.train_data, seed=args.seed)
     eval_rows = data.load_benchmark(args.eval_data) if args.eval_every else []
+    settings = eval_settings(args, log) if args.eval_every else None
     model_path = models.resolve_model(args.model)
     policy, tokenizer = load_policy(args, model_path, device, [r["prompt"] for r in rows + eval_rows])
     RF.begin(args.output_dir, args.resume, resume_from, flags.flat_flags(args), RF.run_info(getattr(args, "preset", "")), log)
@@ -149,7 +162,7 @@ def start_run(args) -> Run:
     bar = tqdm(range(loop["step"], args.max_steps), initial=loop["step"], total=args.max_steps, desc="train",
                dynamic_ncols=True, disable=not D.is_main())
     return Run(policy, tokenizer, sampler, stream, eval_rows, loop, loggers, bar, device,
-               os.path.join(args.output_dir, "metrics.jsonl"), log)
+               os.path.join(args.output_dir, "metrics.jsonl"), log, settings)
 
 
 @dataclass
@@ -165,7 +178,7 @@ class Step:
 
 
 def end_step(run: Run, args, s: Step):
-    """7. The oscillatory-decay state, held-out evaluation, the metrics row and samples, the checkpoint."""
+    """7. The oscillatory-decay state, the checkpoint, held-out evaluation, the metrics row and samples."""
     import plot
     loop, row, done = run.loop, s.row, s.index + 1
     if args.loss.dynamic_clip == "od" and "entropy" in row:
@@ -173,9 +186,15 @@ def end_step(run: Run, args, s: Step):
         loop["od_state"] = L.oscillatory_decay_state(loop["od_state"], row["entropy"], min(1.0, done / args.max_steps),
                                                      loop["initial_entropy"], L.DynamicClip(schedule="od"))
         row["od_state"] = loop["od_state"]
+    loop["step"] = done
+    if done % args.save_every == 0 or done == args.max_steps:
+        # before the evaluation, so a failed one loses no training; the row goes inside, for RF.restore_row
+        RF.save_checkpoint(args.output_dir, done, args.keep_checkpoints, run.policy.model, run.tokenizer,
+                           run.policy.optimizer, {"scheduler": run.policy.scheduler.state_dict(), "data": run.stream.state(),
+                                                  "loop": loop, "flags": flags.flat_flags(args), "row": dict(row)})
     if args.eval_every and (done % args.eval_every == 0 or done == args.max_steps):
         row["eval_acc"], row["eval_seed"] = evaluate_policy(run.sampler, run.policy.model, run.tokenizer, run.eval_rows,
-                                                            args, s.index, run.device)
+                                                            args, s.index, run.device, run.eval_settings)
     RF.append_jsonl(run.metrics_path, [row])
     samples = None
     if args.log_samples_every and done % args.log_samples_every == 0 and D.is_main():
@@ -186,21 +205,29 @@ def end_step(run: Run, args, s: Step):
         send(row, samples)
     run.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", ent=f"{row.get('entropy', math.nan):.3f}",
                         clip_b1=f"{row.get('clip_frac_low_neg', 0):.4f}", clip_b2=f"{row.get('clip_frac_high_pos', 0):.4f}")
-    loop["step"] = done
-    if done % args.save_every == 0 or done == args.max_steps:
-        RF.save_checkpoint(args.output_dir, done, args.keep_checkpoints, run.policy.model, run.tokenizer,
-                           run.policy.optimizer, {"scheduler": run.policy.scheduler.state_dict(), "data": run.stream.state(),
-                                                  "loop": loop, "flags": flags.flat_flags(args)})
 
 
-def evaluate_policy(sampler, model, tokenizer, rows, args, step, device):
+def eval_settings(args, log=print) -> dict:
+    """heldout.sampling_settings for --eval-data, its token budget capped at --max-response-len: the sampler holds
+    max_prompt_len + max_response_len tokens (every eval prompt is checked against max_prompt_len), so a benchmark's
+    own budget (32,768 for AIME) would not fit. Said once, at start."""
+    settings = heldout.sampling_settings(args.eval_data)
+    if settings["max_tokens"] > args.max_response_len:
+        log(f"--eval-data {args.eval_data}: its budget of {settings['max_tokens']} tokens exceeds the sampler's context "
+            f"({args.max_prompt_len} + {args.max_response_len}); eval_acc samples at most {args.max_response_len} "
+            "(evaluate.py --max-tokens gives the full budget)")
+        settings["max_tokens"] = args.max_response_len
+    return settings
+
+
+def evaluate_policy(sampler, model, tokenizer, rows, args, step, device, settings=None):
     """Held-out avg@k exactly as `evaluate.py --benchmarks <eval_data>` computes it (heldout.py: same problems, k,
     sampling settings and scoring); under torchrun each rank evaluates its share of the problems. Returns (avg@k, seed)."""
     mine = [rows[i] for i in D.my_share(len(rows))]
     seed = args.seed * 1_000_003 + step + 500_000
     sampler.wake_up()
     sampler.load_weights(D.full_named_parameters(model))
-    _, correct_lists = heldout.sample_and_score(sampler, tokenizer, mine, **heldout.sampling_settings(args.eval_data),
+    _, correct_lists = heldout.sample_and_score(sampler, tokenizer, mine, **(settings or eval_settings(args, lambda *a: None)),
                                                 seed=seed, progress=False)
     sampler.sleep()
     correct, count = D.all_reduce([heldout.avg_at_k(correct_lists) * len(mine), len(mine)], device)
@@ -417,6 +444,10 @@ def load_policy(args, model_path, device, prompts):
         tokenizer = AutoTokenizer.from_pretrained(model_path)
     except Exception as e:  # no such hub id, no network, a broken folder
         raise UserError(f"--model {args.model}: cannot load its tokenizer ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+    context = _model_context(model_path)
+    if context and args.max_prompt_len + args.max_response_len > context:
+        raise UserError(f"--max-prompt-len {args.max_prompt_len} + --max-response-len {args.max_response_len} exceed "
+                        f"the model's context of {context} tokens (max_position_embeddings)")
     longest = max(len(ids) for ids in rollout.encode_prompts(tokenizer, prompts))
     if longest > args.max_prompt_len:
         raise UserError(f"--max-prompt-len {args.max_prompt_len}: the longest prompt of --train-data/--eval-data has "
@@ -433,6 +464,16 @@ def load_policy(args, model_path, device, prompts):
         print("fused log-probs do not match this model's logits (its head post-processes them); using full logits")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return make_policy(args, model, optimizer, pad_id, device, fused), tokenizer
+
+
+def _model_context(model_path) -> int | None:
+    """The model's max_position_embeddings, read from its config before any weights; None if it has none."""
+    from transformers import AutoConfig
+    try:
+        value = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+    except Exception as e:  # a config transformers cannot read (an unknown model_type, ...)
+        raise UserError(f"--model {model_path}: cannot read its config ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def make_policy(args, model, optimizer, pad_id, device, fused=False) -> Policy:
@@ -494,13 +535,17 @@ def response_logprobs(policy: Policy, mb, grad=False, truncation=False):
 
 def run(argv=None):
     """The command line: bad input ends in one line and exit code 2, a stopped run in one line and exit code 1."""
+    args = None
     try:
-        main(flags.parse_args(argv, __doc__))
+        args = flags.parse_args(argv, __doc__)
+        main(args)
     except UserError as e:
         sys.stderr.write(f"train.py: error: {e}\n")
         sys.exit(2)
     except FloatingPointError as e:
         sys.exit(f"train.py: {e}")
+    except KeyboardInterrupt:  # checkpoints are written whole or not at all: --resume goes on exactly from the last
+        sys.exit(RF.interrupted(args.output_dir) if args is not None else "train.py: interrupted")
 
 
 if __name__ == "__main__":

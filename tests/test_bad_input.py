@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conftest import ROOT
+from data import UserError
 
 
 def write(path, text, mode="w"):
@@ -316,6 +317,36 @@ def adversarial_cases(tmp):
             ("checkpoint config.json a list", "config.json", b"[]", "config.json is not a JSON object"),
         ]
     ]
+    # flags beyond what torch and the samplers take, lengths beyond the model's context (512 for the tiny model)
+    cases += [(name, t + ["--output-dir", str(tmp / "runs" / "flags")] + extra, text) for name, extra, text in [
+        ("seed 2**70", ["--seed", str(2**70)], "--seed must be in [0, 2**31)"),
+        ("seed negative", ["--seed=-1"], "--seed must be in [0, 2**31)"),
+        ("temperature 1e-300", ["--temperature", "1e-300"], "--temperature must be in [0.01, 100]"),
+        ("temperature 1e30", ["--temperature", "1e30"], "--temperature must be in [0.01, 100]"),
+        ("beta1 1e300", ["--beta1", "1e300"], "--beta1 must be at most 100"),
+        ("beta2 1e39", ["--beta2", "1e39"], "--beta2 must be at most 100"),
+        ("gen-prompts 2**70", ["--gen-prompts", str(2**70)], "--gen-prompts must be below 2**31"),
+        ("top-k 2**32", ["--top-k", str(2**32)], "--top-k must be below 2**31"),
+        ("max-steps 2**40", ["--max-steps", str(2**40)], "--max-steps must be below 2**31"),
+        ("min above max response", ["--min-response-len", "100"], "--min-response-len (100) cannot exceed --max-response-len (48)"),
+        ("response beyond context", ["--max-response-len", "10000"],
+         "--max-prompt-len 64 + --max-response-len 10000 exceed the model's context of 512 tokens"),
+    ]]
+    # model folders with parts missing
+    model = tmp / "model-no-weights"
+    model.mkdir()
+    write(model / "config.json", json.dumps({"model_type": "qwen2"}))
+    torn = tmp / "model-torn-config"
+    torn.mkdir()
+    write(torn / "config.json", '{"model_type": ')
+    checkpoint = fake_checkpoint(tmp / "exported" / "step_000001")
+    cases += [
+        ("model without weights", t + ["--output-dir", str(tmp / "runs" / "m1"), "--model", str(model)], "has config.json but no weights"),
+        ("model config torn", t + ["--output-dir", str(tmp / "runs" / "m2"), "--model", str(torn)], "config.json is not readable (not valid JSON"),
+        ("checkpoint given as model", t + ["--output-dir", str(tmp / "runs" / "m3"), "--model", str(checkpoint)],
+         "is a training checkpoint, not a model folder: export it first"),
+        ("output folder in use", t + ["--output-dir", str(tmp / "busy")], "busy is in use by another run (pid"),
+    ]
     run = tmp / "state-list"
     fake_checkpoint(run / "checkpoints" / "step_000003", state=[1, 2, 3])
     cases.append(("trainer state not a dict", t + ["--resume", "--output-dir", str(run)], "is not a trainer state written by train.py"))
@@ -328,20 +359,75 @@ def adversarial_cases(tmp):
     return cases, marker
 
 
-def test_adversarial_input_is_one_line_and_exit_code_2(tmp_path, capsys, monkeypatch):
+def run_evaluate_in_process(argv, capsys):
+    """evaluate.main, as `python evaluate.py` runs it: (exit code, stderr)."""
+    import traceback
+
+    import evaluate
+    try:
+        evaluate.main(argv[1:])
+        return 0, capsys.readouterr().err
+    except UserError as e:
+        return 2, capsys.readouterr().err + f"evaluate.py: error: {e}\n"
+    except SystemExit as e:
+        return (e.code if isinstance(e.code, int) else 1), capsys.readouterr().err
+    except Exception:
+        return "raised", traceback.format_exc()
+
+
+def evaluate_cases(tmp):
+    good = write(tmp / "good.jsonl", '{"problem": "Compute 1 + 2 + 3.", "answer": 6}\n' * 3)
+    e = ["evaluate.py", "--model", "tiny", "--benchmarks", good, "--output", str(tmp / "out.json")]
+    (tmp / "results").mkdir()
+    model = tmp / "model-no-weights"
+    return [
+        ("output is a folder", e[:5] + ["--output", str(tmp / "results")], "--output " + str(tmp / "results") + " is a folder; name a file"),
+        ("temperature 1e-300", e + ["--temperature", "1e-300"], "--temperature must be 0 (greedy) or in [0.01, 100], got 1e-300"),
+        ("temperature 1e30", e + ["--temperature", "1e30"], "--temperature must be 0 (greedy) or in [0.01, 100]"),
+        ("seed 2**70", e + ["--seed", str(2**70)], "--seed must be in [0, 2**31)"),
+        ("k 10**9", e + ["--k", str(10**9)], "--k must be >= 1 and at most 65536"),
+        ("max-tokens 2**40", e + ["--max-tokens", str(2**40)], "--max-tokens must be >= 1 and below 2**31"),
+        ("benchmark a FIFO", e[:3] + ["--benchmarks", str(tmp / "fifo.jsonl"), "--output", str(tmp / "o.json")], "fifo.jsonl: a FIFO"),
+        ("benchmark deep", e[:3] + ["--benchmarks", str(tmp / "deep.jsonl"), "--output", str(tmp / "o.json")], "deep.jsonl: line 1 is nested too deeply"),
+        ("model without weights", ["evaluate.py", "--model", str(model)] + e[3:], "has config.json but no weights"),
+    ]
+
+
+def test_adversarial_input_is_one_line_and_exit_code_2(tmp_path, tiny_model_path, capsys, monkeypatch):
     """The issue-23 table: each case fails in its own way, before any model loads, in one line naming the culprit."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    import runfolder
     cases, marker = adversarial_cases(tmp_path)
+    said = []
+    busy = runfolder.lock_output_dir(str(tmp_path / "busy"), log=said.append)  # another run holds this folder
+    cases = [(name, argv, expected, run_train_in_process) for name, argv, expected in cases]
+    cases += [(name, argv, expected, run_evaluate_in_process) for name, argv, expected in evaluate_cases(tmp_path)]
     wrong = []
-    for name, argv, expected in cases:
-        code, stderr = run_train_in_process(argv, capsys)
+    for name, argv, expected, run_it in cases:
+        code, stderr = run_it(argv, capsys)
         lines = [line for line in stderr.splitlines() if "error" in line]
         if code != 2 or "Traceback" in stderr or len(lines) != 1 or expected not in lines[0]:
             wrong.append(f"{name}: exit {code}, want 2 and one line with {expected!r}; stderr:\n{stderr[-1500:]}")
+    busy.release()
     assert not wrong, "\n\n".join(wrong)
     assert not marker.exists(), "a planted pickle ran its code"
-    assert len(cases) >= 55
+    assert len(cases) >= 80
+
+
+def test_a_dead_runs_lock_is_reported_and_taken_over(tmp_path, capsys):
+    """A .lock whose holder is gone (the kernel dropped its flock) does not block the folder; train.py says so."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write(folder / ".lock", json.dumps({"pid": 999999, "host": "elsewhere", "started": "2026-01-01T00:00:00"}))
+    bad = write(tmp_path / "bad.jsonl", '{"problem": "a"}\n')
+    import train
+    with pytest.raises(SystemExit) as stopped:
+        train.run(["--output-dir", str(folder), "--train-data", bad, "--eval-every", "0"])
+    captured = capsys.readouterr()
+    assert stopped.value.code == 2 and "bad.jsonl: line 1 has no answer" in captured.err
+    assert "found the lock of a run that ended without releasing it (pid 999999 on elsewhere, started 2026-01-01" in captured.out
+    assert (folder / ".lock").read_text() == ""  # released on the way out
 
 
 MEASURE = """

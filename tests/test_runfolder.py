@@ -18,8 +18,9 @@ from test_train import SMALL, final_state, read_metrics
 FAST = SMALL + ["--sampler", "hf", "--max-steps", "3", "--save-every", "2"]  # checkpoints at steps 2 and 3
 
 
-def train(output_dir, *extra, crash_at=None, expect=0):
-    env = {**os.environ, **({"TRAIN_CRASH_AT": crash_at} if crash_at else {})}
+def train(output_dir, *extra, crash_at=None, interrupt_at=None, expect=0):
+    env = {**os.environ, **({"TRAIN_CRASH_AT": crash_at} if crash_at else {}),
+           **({"TRAIN_INTERRUPT_AT": interrupt_at} if interrupt_at else {})}
     done = subprocess.run([sys.executable, "train.py", *FAST, "--output-dir", str(output_dir), *extra], cwd=ROOT,
                           capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == expect, (done.returncode, done.stderr[-3000:])
@@ -353,3 +354,35 @@ def test_a_planted_object_in_a_checkpoint_shard_is_refused_without_running(tmp_p
     with pytest.raises(SystemExit, match="holds objects other than tensors and plain values in its shards; refusing"):
         runfolder.load_checkpoint(folder, model, optimizer)
     assert not marker.exists()
+
+
+def test_ctrl_c_ends_in_one_line_and_resume_is_exact(tmp_path, finished_run):
+    """SIGINT while step 3 samples (after the checkpoint of step 2): one line naming that checkpoint, exit 1, no
+    traceback; --resume then ends where the uninterrupted run did."""
+    out = tmp_path / "run"
+    stopped = train(out, interrupt_at="sampling:3", expect=1)
+    lines = [line for line in stopped.stderr.splitlines() if line.strip() and not line.startswith("train:")]
+    assert "Traceback" not in stopped.stderr and lines[-1].startswith("train.py: interrupted; the last checkpoint, ")
+    assert lines[-1].endswith("step_000002, is kept: pass --resume to continue from step 2")
+    assert open(out / ".lock").read() == ""  # released
+    train(out, "--resume")
+    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
+    same_parameters(final_state(finished_run), final_state(out))
+
+
+def test_a_second_run_on_a_busy_folder_is_refused_at_once(tmp_path):
+    """Two train.py on one folder: the second is refused while the first holds the lock (here: a helper process
+    holding it, so the test does not depend on timing)."""
+    folder = str(tmp_path / "run")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(root=ROOT, folder=folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        second = train(folder, expect=2)
+        assert second.stderr.strip().splitlines()[-1] == (f"train.py: error: --output-dir {folder} is in use by another "
+                                                          f"run (pid {holder.pid} on {__import__('socket').gethostname()}, "
+                                                          + second.stderr.split("started ")[1].split(")")[0]
+                                                          + "); wait for it to end, or choose another --output-dir")
+        assert not os.path.exists(os.path.join(folder, "metrics.jsonl"))
+    finally:
+        holder.kill()
+        holder.wait()

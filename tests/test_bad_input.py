@@ -457,3 +457,18 @@ def test_a_50_mb_line_is_refused_with_bounded_memory_and_a_fifo_without_blocking
     code, stderr = run(["evaluate.py", "--model", "tiny", "--benchmarks", str(tmp_path / "fifo.jsonl"), "--output",
                         str(tmp_path / "out.json")])
     assert code == 2 and "fifo.jsonl: a FIFO (named pipe), not a regular file" in stderr
+
+
+def test_the_held_out_budget_is_capped_to_the_samplers_context():
+    """--preset r1-distill-1.5b --eval-data aime24 would ask 32,768 tokens of a sampler holding 4,096 + 16,384: eval_acc
+    samples at most --max-response-len, said once at start."""
+    import flags
+    import train
+    args = flags.parse_args(["--preset", "r1-distill-1.5b", "--eval-data", "aime24", "--eval-every", "50"], "")
+    said = []
+    settings = train.eval_settings(args, said.append)
+    assert settings["max_tokens"] == 16384 and settings["k"] == 32
+    assert "its budget of 32768 tokens exceeds the sampler's context (4096 + 16384)" in said[0]
+    args = flags.parse_args(["--eval-every", "5"], "")  # the tiny task's own budget fits: nothing said
+    said.clear()
+    assert train.eval_settings(args, said.append)["max_tokens"] <= args.max_response_len and said == []

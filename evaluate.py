@@ -215,15 +215,16 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     args = parser.parse_args(argv)
     args.benchmarks = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
-    # Upper bounds are what torch and the samplers take (a seed beyond 2**31 overflows numpy's and vLLM's; a
-    # temperature below 0.01 divides logits into inf in float32 with HF generate).
+    # Upper bounds are what torch and the samplers take (torch.manual_seed takes 64 bits; the vLLM engine's own
+    # seed, 32, gets seed mod 2**32, so train.py's eval_seed reproduces; a temperature below 0.01 divides logits
+    # into inf in float32 with HF generate).
     for name, value, ok, rule in (("--k", args.k, lambda v: 1 <= v <= 2**16, ">= 1 and at most 65536"),
                                   ("--limit", args.limit, lambda v: 1 <= v < 2**31, ">= 1 and below 2**31"),
                                   ("--max-tokens", args.max_tokens, lambda v: 1 <= v < 2**31, ">= 1 and below 2**31"),
                                   ("--temperature", args.temperature, lambda v: math.isfinite(v) and (v == 0 or 0.01 <= v <= 100),
                                    "0 (greedy) or in [0.01, 100]"),
                                   ("--top-p", args.top_p, lambda v: 0 < v <= 1, "in (0, 1]"),
-                                  ("--seed", args.seed, lambda v: 0 <= v < 2**31, "in [0, 2**31)")):
+                                  ("--seed", args.seed, lambda v: 0 <= v < 2**63, "in [0, 2**63)")):
         if value is not None and not ok(value):
             parser.error(f"{name} must be {rule}, got {value}")
     unknown = [b for b in args.benchmarks if not data.is_benchmark(b)]
@@ -270,7 +271,7 @@ def main(argv=None):
         sampler = rollout.make_sampler("hf", model_path, model=model, tokenizer=tokenizer)
     else:
         need = max(longest + budget for _, _, longest, _, budget in plan.values())
-        sampler = rollout.make_sampler("vllm", model_path, tokenizer=tokenizer, dtype=args.dtype, seed=args.seed,
+        sampler = rollout.make_sampler("vllm", model_path, tokenizer=tokenizer, dtype=args.dtype, seed=args.seed % 2**32,
                                        max_model_len=min(need, context), gpu_memory_utilization=0.9)
     results = {"settings": {"model": args.model, "model_path": model_path, "temperature": args.temperature,
                             "top_p": args.top_p, "seed": args.seed, "sampler": type(sampler).__name__,

@@ -384,7 +384,7 @@ def evaluate_cases(tmp):
         ("output is a folder", e[:5] + ["--output", str(tmp / "results")], "--output " + str(tmp / "results") + " is a folder; name a file"),
         ("temperature 1e-300", e + ["--temperature", "1e-300"], "--temperature must be 0 (greedy) or in [0.01, 100], got 1e-300"),
         ("temperature 1e30", e + ["--temperature", "1e30"], "--temperature must be 0 (greedy) or in [0.01, 100]"),
-        ("seed 2**70", e + ["--seed", str(2**70)], "--seed must be in [0, 2**31)"),
+        ("seed 2**70", e + ["--seed", str(2**70)], "--seed must be in [0, 2**63)"),
         ("k 10**9", e + ["--k", str(10**9)], "--k must be >= 1 and at most 65536"),
         ("max-tokens 2**40", e + ["--max-tokens", str(2**40)], "--max-tokens must be >= 1 and below 2**31"),
         ("benchmark a FIFO", e[:3] + ["--benchmarks", str(tmp / "fifo.jsonl"), "--output", str(tmp / "o.json")], "fifo.jsonl: a FIFO"),

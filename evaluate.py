@@ -220,10 +220,16 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     args = parser.parse_args(argv)
     args.benchmarks = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
-    for name, value, ok, rule in (("--k", args.k, lambda v: v >= 1, ">= 1"), ("--limit", args.limit, lambda v: v >= 1, ">= 1"),
-                                  ("--max-tokens", args.max_tokens, lambda v: v >= 1, ">= 1"),
-                                  ("--temperature", args.temperature, lambda v: math.isfinite(v) and v >= 0, ">= 0"),
-                                  ("--top-p", args.top_p, lambda v: 0 < v <= 1, "in (0, 1]")):
+    # Upper bounds are what torch and the samplers take (torch.manual_seed takes 64 bits; the vLLM engine's own
+    # seed, 32, gets seed mod 2**32, so train.py's eval_seed reproduces; a temperature below 0.01 divides logits
+    # into inf in float32 with HF generate).
+    for name, value, ok, rule in (("--k", args.k, lambda v: 1 <= v <= 2**16, ">= 1 and at most 65536"),
+                                  ("--limit", args.limit, lambda v: 1 <= v < 2**31, ">= 1 and below 2**31"),
+                                  ("--max-tokens", args.max_tokens, lambda v: 1 <= v < 2**31, ">= 1 and below 2**31"),
+                                  ("--temperature", args.temperature, lambda v: math.isfinite(v) and (v == 0 or 0.01 <= v <= 100),
+                                   "0 (greedy) or in [0.01, 100]"),
+                                  ("--top-p", args.top_p, lambda v: 0 < v <= 1, "in (0, 1]"),
+                                  ("--seed", args.seed, lambda v: 0 <= v < 2**63, "in [0, 2**63)")):
         if value is not None and not ok(value):
             parser.error(f"{name} must be {rule}, got {value}")
     if os.path.isfile(args.output) and not args.overwrite:
@@ -238,6 +244,10 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     out_dir = os.path.dirname(os.path.abspath(args.output))
+    if os.path.isdir(args.output):  # found now, not after every benchmark has been sampled
+        raise UserError(f"--output {args.output} is a folder; name a file, e.g. {os.path.join(args.output, 'results.json')}")
+    if os.path.lexists(args.output) and not os.path.isfile(args.output):
+        raise UserError(f"--output {args.output} exists and is not a regular file")
     if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
         raise UserError(f"--output {args.output}: cannot write in {out_dir}")
     problems = {b: data.load_benchmark(b, args.data_dir, args.limit) for b in args.benchmarks}  # bad data fails now
@@ -268,7 +278,7 @@ def main(argv=None):
         sampler = rollout.make_sampler("hf", model_path, model=model, tokenizer=tokenizer)
     else:
         need = max(longest + budget for _, _, longest, _, budget in plan.values())
-        sampler = rollout.make_sampler("vllm", model_path, tokenizer=tokenizer, dtype=args.dtype, seed=args.seed,
+        sampler = rollout.make_sampler("vllm", model_path, tokenizer=tokenizer, dtype=args.dtype, seed=args.seed % 2**32,
                                        max_model_len=min(need, context), gpu_memory_utilization=0.9)
     results = {"settings": {"model": args.model, "model_path": model_path, "temperature": args.temperature,
                             "top_p": args.top_p, "seed": args.seed, "sampler": type(sampler).__name__,
@@ -306,3 +316,5 @@ if __name__ == "__main__":
     except UserError as e:
         sys.stderr.write(f"evaluate.py: error: {e}\n")
         sys.exit(2)
+    except KeyboardInterrupt:  # the JSON holds every benchmark finished so far (it is rewritten after each)
+        sys.exit("evaluate.py: interrupted; the benchmarks finished so far are in --output")

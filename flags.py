@@ -179,8 +179,21 @@ def validate(a: Args) -> list[str]:
     for name, options in CHOICES.items():
         check(name, lambda v, options=options: v in options, f"one of {list(options)}{suggest(getattr(a, name), options)}")
     check("rollout_correction_threshold", lambda v: v > 1, "a finite number > 1")
+    # What torch and the samplers can take: the engine seed (numpy's, vLLM's) and counts are 32-bit; logits / temperature
+    # must stay finite in float32 (and bf16); beta1 / beta2 scale the loss, 100 times the paper's 1 at most.
+    check("seed", lambda v: 0 <= v < 2**31, "in [0, 2**31) (the sampler's engine seed is 32-bit)")
+    for f in RUN_FIELDS:
+        if f.type in (int, "int") and f.name != "seed":
+            check(f.name, lambda v: v < 2**31, "below 2**31")
+    check("temperature", lambda v: 0.01 <= v <= 100, "in [0.01, 100] (logits / temperature must stay finite)")
+    for name in ("beta1", "beta2"):
+        value = getattr(a.loss, name)
+        if isinstance(value, (int, float)) and math.isfinite(value) and value > 100:
+            problems.append(f"--{name} must be at most 100 (it scales the loss's gradient; the paper uses 0.5 to 1), got {value}")
     if problems:
         return problems
+    if a.min_response_len > a.max_response_len:
+        problems.append(f"--min-response-len ({a.min_response_len}) cannot exceed --max-response-len ({a.max_response_len})")
     if a.train_prompts > a.gen_prompts:
         problems.append(f"--train-prompts ({a.train_prompts}) cannot exceed --gen-prompts ({a.gen_prompts})")
     if a.train_prompts % a.mini_batch_prompts:

@@ -27,8 +27,7 @@ def resolve_model(name: str) -> str:
             RF.write_folder_atomically(hf, lambda folder: RF.export_hf(name, folder) if D.is_main() else None)
         return hf
     if os.path.isdir(name):
-        if not os.path.exists(os.path.join(name, "config.json")):
-            raise UserError(f"--model {name}: the folder has no config.json (not an HF model folder)")
+        RF.check_model_folder(name)  # config.json, weights, intact headers: one line for what is missing
         return name
     if os.path.exists(name) or name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise UserError(f"--model {name}: no such model folder, and not a hub id (owner/name)")

@@ -70,6 +70,23 @@ _STAT_NAMES = {CORRECT: "correct", WRONG: "wrong", NO_ANSWER: "no_answer", NO_GO
 # --- inputs (parent side) ---------------------------------------------------------------------
 
 _INTEGRAL_DECIMAL = re.compile(r"([+-]?)(\d+)\.0*")
+_SCIENTIFIC = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d{1,4}")
+MAX_GOLD_DIGITS = 4000  # a positional decimal longer than this is no gold (Python's int <-> str limit is 4300)
+
+
+def _positional(value: decimal.Decimal):
+    """A finite Decimal written without an exponent (1E-7 -> "0.0000001", 1E+23 -> "100000000000000000000000"),
+    an integral one as an integer; None if that takes more than MAX_GOLD_DIGITS digits. math-verify reads "1e-07"
+    as 1*e - 7 (Euler's e), so a gold must never reach it in scientific notation."""
+    if not value.is_finite():
+        return None
+    sign, digits, exponent = value.as_tuple()
+    if len(digits) + abs(exponent) > MAX_GOLD_DIGITS:
+        return None
+    if value == value.to_integral_value():
+        return str(int(value))
+    text = format(value, "f")
+    return text.rstrip("0") if "." in text else text
 
 
 def normalize_answer(answer):
@@ -77,6 +94,8 @@ def normalize_answer(answer):
 
     Benchmarks store ints, floats (AMC23: 27.0) or LaTeX strings. An integral number becomes its exact integer
     string, so that 27, 27.0 and "27.0" agree on the official exact-string shortcut as well as in `verify`.
+    Floats, Decimals and strings in scientific notation ("1e-07") are written positionally ("0.0000001"): the
+    float's shortest round-trip digits, never its repr, which math-verify would read as 1*e - 7.
     A gold that cannot be normalised (NaN, inf, a list, an int too long to print...) gives None: "no gold".
     """
     try:
@@ -89,9 +108,11 @@ def _normalize(answer):
     if isinstance(answer, (bytes, bytearray)):
         answer = bytes(answer).decode("utf-8", "replace")
     if isinstance(answer, decimal.Decimal):
-        answer = str(answer)
+        return _positional(answer)
     if isinstance(answer, str):
         text = str.__str__(answer).strip()  # a plain str whatever the subclass: it must unpickle in a worker
+        if _SCIENTIFIC.fullmatch(text):  # "1e-07" in a data file means the number, not 1*e - 7
+            return _positional(decimal.Decimal(text))
         integral = _INTEGRAL_DECIMAL.fullmatch(text)
         if integral:  # "27.0" stored as a string: drop the zeros as text, exact however many digits
             sign, digits = integral[1], integral[2].lstrip("0") or "0"
@@ -107,9 +128,15 @@ def _normalize(answer):
         return f"\\frac{{{answer.numerator}}}{{{answer.denominator}}}"
     if isinstance(answer, numbers.Real):  # float, numpy floats
         value = float(answer)
-        if value.is_integer():
-            return str(int(value))  # exact: an integral float is exactly an integer (1e20 -> "100...0")
-        return repr(value) if math.isfinite(value) else None
+        if not math.isfinite(value):
+            return None
+        # The decimal the float stands for: its shortest round-trip digits (what the data file held: 1e23, not the
+        # binary value 99999999999999991611392; 0.1, not 0.1000000000000000055...), written positionally.
+        try:  # numpy's float32 prints its own shortest digits (0.1, where float() would give 0.10000000149...)
+            exact = decimal.Decimal(str(answer)) if type(answer) is not float else None
+        except (decimal.InvalidOperation, ValueError, TypeError):
+            exact = None
+        return _positional(exact if exact is not None and exact.is_finite() else decimal.Decimal(repr(value)))
     return None  # lists, dicts, other objects
 
 

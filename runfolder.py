@@ -22,6 +22,7 @@ import dataclasses
 import errno
 import json
 import os
+import pickle
 import random
 import shutil
 import signal
@@ -45,9 +46,12 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 
 def crash_point(name: str):
     """Fault injection for tests: TRAIN_CRASH_AT=<name> (e.g. "update:3") kills this process right here, as kill -9
-    would. Does nothing otherwise."""
+    would; TRAIN_INTERRUPT_AT=<name> sends it SIGINT, as Ctrl-C would. Does nothing otherwise."""
     if os.environ.get("TRAIN_CRASH_AT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("TRAIN_INTERRUPT_AT") == name:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1.0)  # the KeyboardInterrupt lands here, at the next bytecode
 
 
 # --- starting: a new run, or a resume --------------------------------------------------------------
@@ -72,16 +76,83 @@ def check(output_dir: str, resume: bool, flags: dict, log=print) -> str | None:
                             "continue it, or choose another --output-dir")
         return None
     if found:
-        saved = torch.load(os.path.join(found[-1], "trainer_state.pt"), weights_only=False).get("flags", {})
-        _check_same_run(saved, flags, f"checkpoint {found[-1]}")
+        saved = check_checkpoint(found[-1], others=found[:-1]).get("flags", {})
+        _check_same_run(saved if isinstance(saved, dict) else {}, flags, f"checkpoint {found[-1]}")
         return found[-1]
     config = os.path.join(output_dir, "config.json")
     if os.path.exists(config):
-        with open(config) as f:
-            _check_same_run(json.load(f).get("flags", {}), flags, config)
+        saved = read_json_object(config, "--resume: ").get("flags", {})
+        _check_same_run(saved if isinstance(saved, dict) else {}, flags, config)
     log(f"--resume: no checkpoint in {output_dir}/checkpoints yet; starting from step 0"
         + (" (the earlier rows move to metrics.discarded.jsonl)" if os.path.exists(metrics) else ""))
     return None
+
+
+class OutputLock:
+    """An exclusive flock on OUTPUT_DIR/.lock, held for the run's life: the kernel drops it when the process ends,
+    however it ends (kill -9 included), so a dead run never blocks the folder. The file says who holds it; a clean
+    release empties it, so text left in a lock nobody holds is a run that died."""
+
+    def __init__(self, path, handle):
+        self.path, self._handle = path, handle
+
+    def release(self):
+        if self._handle is not None:
+            try:
+                self._handle.truncate(0)
+                self._handle.flush()
+            except OSError:
+                pass
+            self._handle.close()  # closing the last descriptor drops the flock
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def lock_output_dir(output_dir: str, log=print) -> OutputLock:
+    """Take the output folder for this run (rank 0; call before anything is written there). Another live run or
+    resume on the same folder -> UserError at once, naming it; a lock left by a process that died is reported and
+    taken over."""
+    import fcntl
+    import socket
+    path = os.path.join(output_dir, ".lock")
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        handle = open(path, "a+")  # not "w": truncating would erase the holder's note before we know we may
+    except OSError as e:
+        raise UserError(f"--output-dir {output_dir}: cannot write there ({e.strerror})") from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        handle.seek(0)
+        holder = _lock_note(handle.read(4096))
+        handle.close()
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise UserError(f"--output-dir {output_dir}: cannot lock {path} ({e.strerror})") from None
+        raise UserError(f"--output-dir {output_dir} is in use by another run ({holder or 'holder unknown'}); wait "
+                        "for it to end, or choose another --output-dir") from None
+    handle.seek(0)
+    left = _lock_note(handle.read(4096))
+    if left:
+        log(f"{output_dir}: found the lock of a run that ended without releasing it ({left}); taking it over")
+    handle.seek(0)
+    handle.truncate(0)
+    handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": sys.argv[:8]}) + "\n")
+    handle.flush()
+    return OutputLock(path, handle)
+
+
+def _lock_note(text) -> str:
+    try:
+        note = json.loads(text)
+        return f"pid {note['pid']} on {note['host']}, started {note['started']}"
+    except (ValueError, KeyError, TypeError):
+        return text.strip()[:200]
 
 
 def begin(output_dir: str, resume: bool, resume_from: str | None, flags: dict, info: dict, log=print):
@@ -89,7 +160,10 @@ def begin(output_dir: str, resume: bool, resume_from: str | None, flags: dict, i
     torn line; write config.json (the flags, and info: preset, versions, ...)."""
     if D.is_main():
         if resume:
-            keep_rows_up_to(os.path.join(output_dir, "metrics.jsonl"), step_of(resume_from) if resume_from else 0, log)
+            metrics = os.path.join(output_dir, "metrics.jsonl")
+            keep_rows_up_to(metrics, step_of(resume_from) if resume_from else 0, log)
+            if resume_from:
+                restore_row(metrics, read_trainer_state(resume_from).get("row"), log)
         write_json_atomically(os.path.join(output_dir, "config.json"), {**info, "flags": flags})
     D.barrier()
 
@@ -131,6 +205,68 @@ def run_info(preset: str) -> dict:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "world_size": D.world_size(),
     }
+
+
+# --- model folders -----------------------------------------------------------------------------------
+
+def check_model_folder(path: str, flag: str = "--model"):
+    """A local HF model folder whole before the model loads: config.json readable and an object, weights present
+    (safetensors, shards named by an index, or a .bin) with intact safetensors headers. One line naming what is
+    missing; a training checkpoint given as a model is told how to export it."""
+    if not os.path.isdir(path):
+        raise UserError(f"{flag} {path}: not a folder")
+    names = set(os.listdir(path))
+    if "config.json" not in names:
+        raise UserError(f"{flag} {path}: the folder has no config.json (not an HF model folder)")
+    config = read_json_object(os.path.join(path, "config.json"), f"{flag} ")
+    if "model_type" not in config and "architectures" not in config:
+        raise UserError(f"{flag} {path}: config.json names no model_type (not an HF model config)")
+    if ".metadata" in names and any(n.endswith(".distcp") for n in names):
+        raise UserError(f"{flag} {path} is a training checkpoint, not a model folder: export it first with "
+                        f"python -c \"import runfolder; runfolder.export_hf('{path}', 'OUT')\"")
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if index in names:
+            weight_map = read_json_object(os.path.join(path, index), f"{flag} ").get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise UserError(f"{flag} {path}: {index} has no weight_map")
+            missing = sorted({str(f) for f in weight_map.values()} - names)
+            if missing:
+                raise UserError(f"{flag} {path}: {index} names {len(missing)} weight file(s) that are missing, "
+                                f"e.g. {missing[0]}")
+            shards = sorted({str(f) for f in weight_map.values()})
+            break
+    else:
+        shards = sorted(n for n in names if n.endswith(".safetensors")) or \
+            [n for n in ("pytorch_model.bin", "model.pt") if n in names]
+    if not shards:
+        raise UserError(f"{flag} {path}: the folder has config.json but no weights (model.safetensors, "
+                        "pytorch_model.bin or an index of shards)")
+    for name in shards:
+        if name.endswith(".safetensors"):
+            _check_safetensors(os.path.join(path, name), flag)
+        elif not os.access(os.path.join(path, name), os.R_OK):
+            raise UserError(f"{flag} {path}: {name} is not readable")
+
+
+def _check_safetensors(file, flag):
+    """The header of a .safetensors file (8-byte length, JSON) and that the file holds every byte it declares: a
+    truncated or foreign file is found here, not as a traceback from inside the loader."""
+    import struct
+    try:
+        size = os.path.getsize(file)
+        with open(file, "rb") as f:
+            head = f.read(8)
+            length = struct.unpack("<Q", head)[0] if len(head) == 8 else None
+            if length is None or length > min(size - 8, 100 * 2**20):
+                raise ValueError("no safetensors header")
+            header = json.loads(f.read(length))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except OSError as e:
+        raise UserError(f"{flag} {file}: not readable ({e.strerror})") from None
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
+        raise UserError(f"{flag} {file}: not a safetensors file (its header does not parse)") from None
+    if 8 + length + end != size:
+        raise UserError(f"{flag} {file}: truncated or damaged ({size} bytes; its header declares {8 + length + end})")
 
 
 # --- metrics and samples: append-only JSON lines ----------------------------------------------------
@@ -188,6 +324,29 @@ def keep_rows_up_to(metrics_path: str, step: int, log=print):
     log(f"moved {len(drop)} row(s) logged after step {step} (or torn) to {os.path.basename(metrics_path).replace('.jsonl', '.discarded.jsonl')}")
 
 
+def restore_row(metrics_path: str, row, log=print):
+    """On resume: the checkpoint's own step's metrics row, saved in it because the checkpoint is written before that
+    step's held-out evaluation and the row after it. A run stopped in between (a failed evaluation, a kill) left no
+    row for that step: it is appended here, without the evaluation's numbers."""
+    if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+        return
+    rows = read_jsonl(metrics_path)
+    if rows and isinstance(rows[-1].get("step"), int) and rows[-1]["step"] >= row["step"]:
+        return
+    append_jsonl(metrics_path, [{**row, "eval_lost": True}])
+    log(f"step {row['step']}: its metrics row was not written (the run stopped during its evaluation); restored "
+        "it from the checkpoint, without eval_acc")
+
+
+def interrupted(output_dir: str, program: str = "train.py") -> str:
+    """The line a run stopped by Ctrl-C ends with: what is kept, and how to go on."""
+    found = checkpoint_dirs(output_dir)
+    if found:
+        return (f"{program}: interrupted; the last checkpoint, {found[-1]}, is kept: pass --resume to continue from "
+                f"step {step_of(found[-1])}")
+    return f"{program}: interrupted before the first checkpoint; --resume starts again from step 0"
+
+
 # --- folders written atomically ---------------------------------------------------------------------
 
 def write_json_atomically(path: str, obj):
@@ -207,11 +366,19 @@ def write_folder_atomically(path, write):
     D.barrier()
     try:
         write(tmp)
-    except Exception as e:
+    except BaseException as e:
+        # torch.distributed.checkpoint raises CheckpointException, a BaseException, whatever failed inside (a full
+        # disk included); Ctrl-C lands here too. Each leaves no partial folder. Free space is read before the
+        # partial folder is removed: after, the disk has room again.
+        full = not isinstance(e, KeyboardInterrupt) and _out_of_space(e, os.path.dirname(path) or ".")
         shutil.rmtree(tmp, ignore_errors=True)
-        if _out_of_space(e, os.path.dirname(path) or "."):
+        if full:
             raise SystemExit(f"train.py: no space left on the device writing {path}; its partial folder was removed "
                              "and the previous one is kept") from None
+        failure = _io_failure(e)
+        if failure is not None:
+            raise SystemExit(f"train.py: cannot write {path} ({failure}); its partial folder was removed and the "
+                             "previous one is kept") from None
         raise
     D.barrier()
     if D.is_main():
@@ -224,15 +391,40 @@ def write_folder_atomically(path, write):
     return path
 
 
+def _causes(error):
+    """error, what it wraps (CheckpointException.failures: rank -> exception or (exception, frames)), its causes."""
+    seen, todo = [], [error]
+    while todo and len(seen) < 64:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or any(e is x for x in seen):
+            continue
+        seen.append(e)
+        todo += [e.__cause__, e.__context__]
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) and f else f for f in failures.values()]
+    return seen
+
+
 def _out_of_space(error, folder) -> bool:
     # torch's checkpoint writer reports a full disk as "[enforce fail at inline_container.cc] ... unexpected pos",
-    # without ENOSPC: so also ask the file system.
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+    # without ENOSPC, and wrapped in a CheckpointException: so also ask the file system.
+    if any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in _causes(error)):
         return True
+    if not isinstance(error, (OSError, RuntimeError)) and type(error).__name__ != "CheckpointException":
+        return False  # a bug, not a write failure
     try:
         return shutil.disk_usage(folder).free < 64 * 2**20
     except OSError:
         return False
+
+
+def _io_failure(error) -> str | None:
+    """A file-system failure behind a write (permissions, read-only, I/O error) as a short text; None otherwise."""
+    for e in _causes(error):
+        if isinstance(e, OSError) and e.errno is not None:
+            return f"{e.strerror or errno.errorcode.get(e.errno, e.errno)}"
+    return None
 
 
 # --- checkpoints -------------------------------------------------------------------------------------
@@ -281,11 +473,12 @@ def load_checkpoint(folder, model, optimizer) -> dict:
     returns trainer_state."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    check_dcp_metadata(folder)  # DCP unpickles it without restriction
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(state, checkpoint_id=folder, no_dist=D.world_size() == 1)  # reshards to this run's world size
+    _dcp_load(state, folder)  # reshards to this run's world size
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    trainer_state = torch.load(os.path.join(folder, "trainer_state.pt"), weights_only=False)
+    trainer_state = read_trainer_state(folder)
     random.setstate(trainer_state["rng"]["python"])
     torch.set_rng_state(trainer_state["rng"]["torch"])
     if "cuda" in trainer_state["rng"] and torch.cuda.is_available() and D.world_size() == 1:
@@ -298,6 +491,140 @@ def is_checkpoint(path) -> bool:
     return os.path.isfile(os.path.join(path, "trainer_state.pt")) and os.path.isfile(os.path.join(path, ".metadata"))
 
 
+def read_trainer_state(folder) -> dict:
+    """trainer_state.pt holds tensors and plain values only: it is read with weights_only=True, so a planted pickle
+    cannot run code (it is refused, as a torn or missing file is, with one line)."""
+    path = os.path.join(folder, "trainer_state.pt")
+    try:
+        state = torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        raise UserError(f"--resume: {folder} has no trainer_state.pt (an incomplete checkpoint); move that folder "
+                        "aside to resume from the one before it") from None
+    except pickle.UnpicklingError:
+        raise UserError(f"--resume: {path} holds objects other than tensors and plain values; refusing to load it "
+                        "(it could run code)") from None
+    except Exception as e:  # torn, not a torch file, unreadable
+        raise UserError(f"--resume: {path} is not readable ({type(e).__name__}: {_first_line(e)})") from None
+    if not isinstance(state, dict) or not {"step", "rng"} <= state.keys():
+        raise UserError(f"--resume: {path} is not a trainer state written by train.py")
+    return state
+
+
+# What a torch.distributed.checkpoint .metadata file may name. DCP itself reads .metadata with pickle.load (any
+# object, so any code); check_checkpoint reads it first with an unpickler that knows only these.
+_DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
+                "torch.distributed.checkpoint.planner")
+_DCP_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+                ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+                ("pathlib", "PureWindowsPath"), ("pathlib", "Path")}
+
+
+class _Refused(pickle.UnpicklingError):
+    pass
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if "." not in name:  # a dotted name would reach through a module (filesystem.os.system)
+            if (module, name) in _DCP_GLOBALS or module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+                return super().find_class(module, name)
+            if module in _DCP_MODULES:  # the dataclasses and enums DCP defines there, not its functions or imports
+                found = super().find_class(module, name)
+                if isinstance(found, type) and found.__module__ == module:
+                    return found
+        raise _Refused(f"{module}.{name}")
+
+
+def check_dcp_metadata(folder):
+    """Read folder/.metadata with the restricted unpickler: a planted object is refused before DCP unpickles it."""
+    path = os.path.join(folder, ".metadata")
+    try:
+        with open(path, "rb") as f:
+            _MetadataUnpickler(f).load()
+    except FileNotFoundError:
+        raise UserError(f"{folder} has no .metadata (an incomplete checkpoint); move that folder aside to resume "
+                        "from the one before it") from None
+    except _Refused as e:
+        raise UserError(f"{path} names {e}, which a checkpoint's metadata never holds; refusing to load it (it "
+                        "could run code)") from None
+    except Exception as e:
+        raise UserError(f"{path} is not readable ({type(e).__name__}: {_first_line(e)})") from None
+
+
+def check_checkpoint(folder, others=()) -> dict:
+    """A checkpoint folder whole before anything loads from it: .metadata (safe to unpickle), the shards it names,
+    config.json, trainer_state.pt. Returns the trainer state. A missing or broken part is one line naming it; the
+    folder is left as it is (nothing is deleted)."""
+    aside = (f"; move it aside to resume from {os.path.basename(others[-1])}" if others else
+             "; move it aside to start again from step 0")
+    if not os.path.isdir(folder):
+        raise UserError(f"--resume: {folder} is not a folder{aside}")
+    try:
+        check_dcp_metadata(folder)
+    except UserError as e:
+        raise UserError(f"--resume: {e}".split("; move")[0] + aside) from None
+    shards = [n for n in os.listdir(folder) if n.endswith(".distcp")]
+    if not shards:
+        raise UserError(f"--resume: {folder} holds no .distcp shards (an incomplete checkpoint){aside}")
+    read_json_object(os.path.join(folder, "config.json"), "--resume: ", suffix=aside)
+    try:
+        return read_trainer_state(folder)
+    except UserError as e:
+        raise UserError(str(e).split("; move")[0] + aside) from None
+
+
+def read_json_object(path, prefix="", suffix="") -> dict:
+    """A JSON file that must hold an object (config.json): anything else is one line naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"{prefix}{path} is missing{suffix}") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        why = e.strerror if isinstance(e, OSError) else f"not valid JSON: {_first_line(e)}"
+        raise UserError(f"{prefix}{path} is not readable ({why}){suffix}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{prefix}{path} is not a JSON object{suffix}")
+    return value
+
+
+def _first_line(error) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else ""
+
+
+def _dcp_load(state, folder, no_dist=None):
+    """dcp.load with the non-tensor entries (optimizer settings: lr, betas, ...) read by torch.load(weights_only=True);
+    DCP's default planner reads them with weights_only=False, so a planted shard could run code. A refused or
+    unreadable entry is one line."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class Planner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value):
+            value = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:  # as DefaultLoadPlanner.load_bytes, but weights_only
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], value)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = value
+
+    try:
+        dcp.load(state, checkpoint_id=folder, planner=Planner(), no_dist=D.world_size() == 1 if no_dist is None else no_dist)
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        refused = [c for c in _causes(e) if isinstance(c, pickle.UnpicklingError)]
+        if refused:
+            raise UserError(f"--resume: {folder} holds objects other than tensors and plain values in its shards; "
+                            "refusing to load them (they could run code)") from None
+        failure = _io_failure(e)
+        if failure is not None or type(e).__name__ == "CheckpointException":
+            raise UserError(f"--resume: {folder} could not be read ({failure or _first_line(e)}); move it aside to "
+                            "resume from the checkpoint before it") from None
+        raise
+
+
 def export_hf(checkpoint_dir, out_dir):
     """A checkpoint's policy in HF format (for evaluate.py, vLLM or another run's --model), in one process whatever
     world size wrote it: `python runfolder.py export runs/tiny/checkpoints/step_000050 runs/tiny/step_50`.
@@ -307,9 +634,10 @@ def export_hf(checkpoint_dir, out_dir):
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     transformers.utils.logging.disable_progress_bar()
+    check_dcp_metadata(checkpoint_dir)  # DCP unpickles it without restriction
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(checkpoint_dir), dtype=torch.float32)
     state = {"model": get_model_state_dict(model)}
-    dcp.load(state, checkpoint_id=checkpoint_dir, no_dist=True)  # the model part only; the optimizer stays on disk
+    _dcp_load(state, checkpoint_dir, no_dist=True)  # the model part only; the optimizer stays on disk
     set_model_state_dict(model, state["model"])
     model.save_pretrained(out_dir)
     AutoTokenizer.from_pretrained(checkpoint_dir).save_pretrained(out_dir)

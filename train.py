@@ -29,6 +29,7 @@ import os
 # the log (set TORCH_CPP_LOG_LEVEL yourself to see more). Must be set before torch is imported.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
+import contextlib
 import math
 import sys
 import time
@@ -113,6 +114,7 @@ class Run:
     metrics_path: str
     log: object
     first_step: int  # where this process started: 0, or the step of the checkpoint it resumed from
+    eval_settings: dict = None  # k, max_tokens, temperature, top_p of the held-out evaluation
 
 
 def start_run(args) -> Run:
@@ -129,7 +131,9 @@ def start_run(args) -> Run:
     RF.check_loggers(args.tensorboard, args.wandb)
     resume_from = RF.check(args.output_dir, args.resume, flags.flat_flags(args), log)
     rows = data.load_rows(args.train_data, seed=args.seed)
-    eval_rows = data.load_benchmark(args.eval_data) if args.eval_every or args.eval_before_train else []
+    evaluating = args.eval_every or args.eval_before_train
+    eval_rows = data.load_benchmark(args.eval_data) if evaluating else []
+    settings = eval_settings(args, log) if evaluating else None
     model_path = models.resolve_model(args.model)
     policy, tokenizer = load_policy(args, model_path, device, [r["prompt"] for r in rows + eval_rows])
     RF.begin(args.output_dir, args.resume, resume_from, flags.flat_flags(args), RF.run_info(getattr(args, "preset", "")), log)
@@ -152,7 +156,7 @@ def start_run(args) -> Run:
     bar = tqdm(range(loop["step"], args.max_steps), initial=loop["step"], total=args.max_steps, desc="train",
                dynamic_ncols=True, disable=not D.is_main())
     return Run(policy, tokenizer, sampler, stream, eval_rows, loop, loggers, bar, device,
-               os.path.join(args.output_dir, "metrics.jsonl"), log, loop["step"])
+               os.path.join(args.output_dir, "metrics.jsonl"), log, loop["step"], settings)
 
 
 @dataclass
@@ -168,7 +172,7 @@ class Step:
 
 
 def end_step(run: Run, args, s: Step):
-    """7. The oscillatory-decay state, held-out evaluation, the metrics row and samples, the checkpoint."""
+    """7. The oscillatory-decay state, the checkpoint, held-out evaluation, the metrics row and samples."""
     import plot
     loop, row, done = run.loop, s.row, s.index + 1
     if args.loss.dynamic_clip == "od" and "entropy" in row:
@@ -180,6 +184,12 @@ def end_step(run: Run, args, s: Step):
         row["entropy_coef"] = step_loss_config(args.loss, loop).entropy_coef  # the one this step applied
         loop["entropy_coef"] = L.next_entropy_coef(args.loss, loop.get("entropy_coef", args.loss.entropy_coef), row["entropy"])
         loop["last_entropy"] = row["entropy"]
+    loop["step"] = done
+    if done % args.save_every == 0 or done == args.max_steps:
+        # before the evaluation, so a failed one loses no training; the row goes inside, for RF.restore_row
+        RF.save_checkpoint(args.output_dir, done, args.keep_checkpoints, run.policy.model, run.tokenizer,
+                           run.policy.optimizer, {"scheduler": run.policy.scheduler.state_dict(), "data": run.stream.state(),
+                                                  "loop": loop, "flags": flags.flat_flags(args), "row": dict(row)})
     if args.eval_every and (done % args.eval_every == 0 or done == args.max_steps):
         row.update(evaluation_row(run, args, done))
     RF.append_jsonl(run.metrics_path, [row])
@@ -192,11 +202,6 @@ def end_step(run: Run, args, s: Step):
         send(row, samples)
     run.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", ent=f"{row.get('entropy', math.nan):.3f}",
                         clip_b1=f"{row.get('clip_frac_low_neg', 0):.4f}", clip_b2=f"{row.get('clip_frac_high_pos', 0):.4f}")
-    loop["step"] = done
-    if done % args.save_every == 0 or done == args.max_steps:
-        RF.save_checkpoint(args.output_dir, done, args.keep_checkpoints, run.policy.model, run.tokenizer,
-                           run.policy.optimizer, {"scheduler": run.policy.scheduler.state_dict(), "data": run.stream.state(),
-                                                  "loop": loop, "flags": flags.flat_flags(args)})
 
 
 def step_loss_config(cfg: L.LossConfig, loop: dict) -> L.LossConfig:
@@ -217,8 +222,8 @@ def evaluation_row(run: Run, args, step: int) -> dict:
     seed = args.seed * 1_000_003 + step - 1 + 500_000
     run.sampler.wake_up()
     run.sampler.load_weights(D.full_named_parameters(run.policy.model))
-    groups, correct_lists = heldout.sample_and_score(run.sampler, run.tokenizer, mine, **heldout.sampling_settings(args.eval_data),
-                                                     seed=seed, progress=False)
+    groups, correct_lists = heldout.sample_and_score(run.sampler, run.tokenizer, mine, **run.eval_settings, seed=seed,
+                                                     progress=False)
     run.sampler.sleep()
     name = f"step_{step:06d}" + (f".rank{D.rank()}" if D.world_size() > 1 else "")
     RF.write_jsonl(os.path.join(args.output_dir, "eval", name + ".jsonl"),
@@ -226,6 +231,19 @@ def evaluation_row(run: Run, args, step: int) -> dict:
                     for p, g, c in zip(mine, groups, correct_lists)])
     correct, count = D.all_reduce([heldout.avg_at_k(correct_lists) * len(mine), len(mine)], run.device)
     return {"step": step, "eval_acc": correct / count, "eval_seed": seed}
+
+
+def eval_settings(args, log=print) -> dict:
+    """heldout.sampling_settings for --eval-data, its token budget capped at --max-response-len: the sampler holds
+    max_prompt_len + max_response_len tokens (every eval prompt is checked against max_prompt_len), so a benchmark's
+    own budget (32,768 for AIME) would not fit. Said once, at start."""
+    settings = heldout.sampling_settings(args.eval_data)
+    if settings["max_tokens"] > args.max_response_len:
+        log(f"--eval-data {args.eval_data}: its budget of {settings['max_tokens']} tokens exceeds the sampler's context "
+            f"({args.max_prompt_len} + {args.max_response_len}); eval_acc samples at most {args.max_response_len} "
+            "(evaluate.py --max-tokens gives the full budget)")
+        settings["max_tokens"] = args.max_response_len
+    return settings
 
 
 def sample_records(s: Step, prompts=2) -> list[dict]:
@@ -445,6 +463,10 @@ def load_policy(args, model_path, device, prompts):
         tokenizer = AutoTokenizer.from_pretrained(model_path)
     except Exception as e:  # no such hub id, no network, a broken folder
         raise UserError(f"--model {args.model}: cannot load its tokenizer ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+    context = _model_context(model_path)
+    if context and args.max_prompt_len + args.max_response_len > context:
+        raise UserError(f"--max-prompt-len {args.max_prompt_len} + --max-response-len {args.max_response_len} exceed "
+                        f"the model's context of {context} tokens (max_position_embeddings)")
     longest = max(len(ids) for ids in rollout.encode_prompts(tokenizer, prompts))
     if longest > args.max_prompt_len:
         raise UserError(f"--max-prompt-len {args.max_prompt_len}: the longest prompt of --train-data/--eval-data has "
@@ -465,6 +487,16 @@ def load_policy(args, model_path, device, prompts):
         ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).requires_grad_(False).eval()
         policy.ref_model = D.shard_model(ref, args.precision) if D.world_size() > 1 else ref.to(device)
     return policy, tokenizer
+
+
+def _model_context(model_path) -> int | None:
+    """The model's max_position_embeddings, read from its config before any weights; None if it has none."""
+    from transformers import AutoConfig
+    try:
+        value = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+    except Exception as e:  # a config transformers cannot read (an unknown model_type, ...)
+        raise UserError(f"--model {model_path}: cannot read its config ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def make_policy(args, model, optimizer, pad_id, device, fused=False) -> Policy:
@@ -582,13 +614,20 @@ def response_logprobs(policy: Policy, mb, grad=False, truncation=False, model=No
 
 def run(argv=None):
     """The command line: bad input ends in one line and exit code 2, a stopped run in one line and exit code 1."""
+    args = None
     try:
-        main(flags.parse_args(argv, __doc__))
+        args = flags.parse_args(argv, __doc__)
+        # the output folder is this run's for its whole life (rank 0; torchrun sets RANK before anything starts): a
+        # second run or resume on it is refused at once
+        with RF.lock_output_dir(args.output_dir) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext():
+            main(args)
     except UserError as e:
         sys.stderr.write(f"train.py: error: {e}\n")
         sys.exit(2)
     except FloatingPointError as e:
         sys.exit(f"train.py: {e}")
+    except KeyboardInterrupt:  # checkpoints are written whole or not at all: --resume goes on exactly from the last
+        sys.exit(RF.interrupted(args.output_dir) if args is not None else "train.py: interrupted")
 
 
 if __name__ == "__main__":

@@ -171,7 +171,10 @@ def test_normalize_answer_is_exact_for_large_integral_golds():
     assert reward.normalize_answer("+5.0") == "5"
     assert reward.normalize_answer("-0.0") == "0"
     assert reward.normalize_answer(1e20) == "100000000000000000000"
-    assert reward.normalize_answer(2.0 ** 70) == str(2 ** 70)
+    # A float gold stands for the decimal it was read from (its shortest round-trip digits), not for its binary value:
+    # 2.0 ** 70 reads back as 1.1805916207174113e+21, as 1e23 does as 10**23 (binary: 99999999999999991611392).
+    assert reward.normalize_answer(2.0 ** 70) == "11805916207174113" + "0" * 5
+    assert reward.normalize_answer(2 ** 70) == str(2 ** 70)  # an int is exact
     assert reward.normalize_answer(10 ** 30) == "1" + "0" * 30
     assert reward.normalize_answer(fractions.Fraction(6, 3)) == "2"
     assert reward.normalize_answer(b" 27.0 ") == "27"
@@ -535,3 +538,40 @@ def test_hangs_cost_about_hangs_over_workers_deadlines(layout):
     # on a loaded 2-core machine.
     balanced = math.ceil(hangs / workers) * deadline
     assert balanced <= wall < balanced + plain + 3.0, f"{layout}: {wall:.2f} s (plain batch {plain:.2f} s)"
+
+
+# --- float golds are written positionally, never as their repr (issue 23) ------------------------
+
+def test_float_golds_are_normalised_from_their_decimal_value_not_their_repr():
+    import decimal
+    np = pytest.importorskip("numpy")
+    assert reward.normalize_answer(1e-7) == "0.0000001"  # repr "1e-07": math-verify reads 1*e - 7
+    assert reward.normalize_answer(1.5e-12) == "0.0000000000015"
+    assert reward.normalize_answer(1e23) == "1" + "0" * 23  # not the binary value 99999999999999991611392
+    assert reward.normalize_answer(0.1) == "0.1" and reward.normalize_answer(-2.5e-5) == "-0.000025"
+    assert reward.normalize_answer(decimal.Decimal("1E-7")) == "0.0000001"
+    assert reward.normalize_answer(decimal.Decimal("2.50")) == "2.5"
+    assert reward.normalize_answer(decimal.Decimal("NaN")) is None
+    assert reward.normalize_answer("1e-07") == "0.0000001" and reward.normalize_answer("2.5E+3") == "2500"
+    assert reward.normalize_answer(np.float32(0.1)) == "0.1"
+    assert reward.normalize_answer(5e-324) == "0." + "0" * 323 + "5"  # the smallest float: still exact
+    assert reward.normalize_answer(decimal.Decimal("1e-5000")) is None  # more digits than anything can compare
+    assert reward.normalize_answer(1.7976931348623157e308) == "17976931348623157" + "0" * 292
+
+
+def test_float_golds_score_across_magnitudes_1e_minus_30_to_1e30(pool):
+    import decimal
+    wide = decimal.Context(prec=200)  # text + 1 exactly: the default 28 digits would round 1e30 + 1 back to 1e30
+    cases = []
+    for exponent in range(-30, 31):
+        for mantissa in ("1", "3.7"):
+            gold = float(f"{mantissa}e{exponent}")
+            text = reward.normalize_answer(gold)
+            assert "e" not in text.lower() and float(text) == gold, (gold, text)
+            cases += [(rf"\boxed{{{text}}}", gold, 1.0),  # the number itself
+                      (rf"\boxed{{e{exponent:+d}}}", gold, -1.0),  # Euler's e plus or minus an integer
+                      (rf"\boxed{{{wide.add(decimal.Decimal(text), 1)}}}", gold, -1.0)]  # another number: text + 1
+    check(pool, cases)
+    # math-verify compares floats to 6 decimals (float_rounding=6, official): below 1e-6 it cannot tell two small
+    # numbers apart, but it does tell them from 0 and from e - 7
+    check(pool, [(r"\boxed{0.00000011}", 1e-7, 1.0), (r"\boxed{0}", 1e-7, -1.0), (r"\boxed{e-7}", 1e-7, -1.0)])

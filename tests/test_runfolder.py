@@ -18,8 +18,9 @@ from test_train import SMALL, final_state, read_metrics
 FAST = SMALL + ["--sampler", "hf", "--max-steps", "3", "--save-every", "2"]  # checkpoints at steps 2 and 3
 
 
-def train(output_dir, *extra, crash_at=None, expect=0):
-    env = {**os.environ, **({"TRAIN_CRASH_AT": crash_at} if crash_at else {})}
+def train(output_dir, *extra, crash_at=None, interrupt_at=None, expect=0):
+    env = {**os.environ, **({"TRAIN_CRASH_AT": crash_at} if crash_at else {}),
+           **({"TRAIN_INTERRUPT_AT": interrupt_at} if interrupt_at else {})}
     done = subprocess.run([sys.executable, "train.py", *FAST, "--output-dir", str(output_dir), *extra], cwd=ROOT,
                           capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == expect, (done.returncode, done.stderr[-3000:])
@@ -105,6 +106,7 @@ def test_another_runs_checkpoints_are_never_used(tmp_path, finished_run):
 
 def test_a_full_disk_removes_the_partial_checkpoint_and_keeps_the_last_good_one(tmp_path, monkeypatch, tiny_model_path):
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
@@ -112,9 +114,9 @@ def test_a_full_disk_removes_the_partial_checkpoint_and_keeps_the_last_good_one(
     runfolder.save_checkpoint(str(tmp_path), 1, 2, model, tokenizer, optimizer, {"flags": {}})
     real_save = dcp.save
 
-    def full_disk(state, checkpoint_id, **kw):  # what torch's writer raises when the disk fills mid-file
+    def full_disk(state, checkpoint_id, **kw):  # what torch's writer raises when the disk fills mid-file (see below)
         real_save(state, checkpoint_id=checkpoint_id, **kw)
-        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 123 vs 456")
+        raise CheckpointException("write", {0: (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 123 vs 456"), [])})
 
     monkeypatch.setattr(dcp, "save", full_disk)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))
@@ -125,6 +127,261 @@ def test_a_full_disk_removes_the_partial_checkpoint_and_keeps_the_last_good_one(
     assert state["step"] == 1
     # any other failure is not reported as a full disk, and still leaves no partial folder
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 0, 10**12))
-    with pytest.raises(RuntimeError, match="enforce fail"):
+    with pytest.raises(CheckpointException, match="enforce fail"):
         runfolder.save_checkpoint(str(tmp_path), 2, 2, model, tokenizer, optimizer, {"flags": {}})
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_000001"]
+
+
+# --- issue 23: a real full disk, the output-folder lock, planted pickles, model folders with parts missing ---------
+
+class Tokenizer:
+    """What save_checkpoint needs of a tokenizer."""
+
+    def save_pretrained(self, folder):
+        with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+            f.write("{}")
+
+
+def small_model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, max_position_embeddings=64)
+    model = Qwen2ForCausalLM(config)
+    return model, torch.optim.AdamW(model.parameters())
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 3 MiB file system (tmpfs; needs root), or None where one cannot be mounted."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)],
+                                           capture_output=True).returncode != 0:
+        yield None
+        return
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_a_really_full_disk_stops_in_one_line_and_keeps_the_last_good_checkpoint(tmp_path, small_disk, monkeypatch):
+    """torch's writer on a full file system raises CheckpointException, a BaseException: caught, reported as a full
+    disk, the partial folder removed. On a real 3 MiB tmpfs where the test runs as root; elsewhere the writer's own
+    fsync fails with ENOSPC, so the exception still comes from torch's writer, not from a stand-in."""
+    import errno
+
+    import torch.distributed.checkpoint.filesystem as fs
+    from torch.distributed.checkpoint.api import CheckpointException
+    model, optimizer = small_model()
+    out = str(small_disk or tmp_path / "out")
+    runfolder.save_checkpoint(out, 1, 2, model, Tokenizer(), optimizer, {"flags": {}})  # ~1.6 MiB: fits once
+    if small_disk is None:
+        def no_space(fd):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        monkeypatch.setattr(fs.os, "fsync", no_space)
+    with pytest.raises(SystemExit, match=r"no space left on the device writing .*step_000002; its partial folder was removed"):
+        runfolder.save_checkpoint(out, 2, 2, model, Tokenizer(), optimizer, {"flags": {}})
+    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_000001"]  # no step_000002.tmp left
+    state = runfolder.load_checkpoint(os.path.join(out, "checkpoints", "step_000001"), model, optimizer)
+    assert state["step"] == 1
+    assert issubclass(CheckpointException, BaseException) and not issubclass(CheckpointException, Exception)
+
+
+def test_ctrl_c_during_a_checkpoint_write_leaves_no_partial_folder(tmp_path, monkeypatch):
+    import torch.distributed.checkpoint as dcp
+    model, optimizer = small_model()
+    runfolder.save_checkpoint(str(tmp_path), 1, 2, model, Tokenizer(), optimizer, {"flags": {}})
+    real_save = dcp.save
+
+    def interrupted(state, checkpoint_id, **kw):
+        real_save(state, checkpoint_id=checkpoint_id, **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dcp, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runfolder.save_checkpoint(str(tmp_path), 2, 2, model, Tokenizer(), optimizer, {"flags": {}})
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_000001"]
+
+
+HOLD = """
+import sys, time
+sys.path.insert(0, {root!r})
+import runfolder
+lock = runfolder.lock_output_dir({folder!r})
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_one_run_per_output_folder_and_a_dead_runs_lock_is_reported(tmp_path):
+    folder = str(tmp_path / "run")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(root=ROOT, folder=folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(SystemExit, match=rf"--output-dir {folder} is in use by another run \(pid {holder.pid} on .*, "
+                                             r"started .*\); wait for it to end, or choose another --output-dir"):
+            runfolder.lock_output_dir(folder)
+    finally:
+        holder.kill()  # kill -9: the kernel drops its flock; its note stays in the file
+        holder.wait()
+    said = []
+    lock = runfolder.lock_output_dir(folder, log=said.append)
+    assert len(said) == 1 and f"found the lock of a run that ended without releasing it (pid {holder.pid} on" in said[0]
+    with pytest.raises(SystemExit, match="is in use by another run"):  # a second lock in this very process, too
+        runfolder.lock_output_dir(folder)
+    lock.release()
+    said.clear()
+    with runfolder.lock_output_dir(folder, log=said.append):  # released cleanly: nothing to report
+        assert said == []
+    assert open(os.path.join(folder, ".lock")).read() == ""
+
+
+def test_planted_pickles_in_a_checkpoint_are_refused_without_running(tmp_path):
+    import pickle
+
+    from test_bad_input import Planted
+    model, optimizer = small_model()
+    ckpt = runfolder.save_checkpoint(str(tmp_path), 1, 2, model, Tokenizer(), optimizer,
+                                     {"flags": {"seed": 0}, "scheduler": {}, "data": {}, "loop": {"step": 1}})
+    assert runfolder.check_checkpoint(ckpt)["flags"] == {"seed": 0}
+    marker = tmp_path / "ran"
+    for part, text in (("trainer_state.pt", "holds objects other than tensors and plain values"),
+                       (".metadata", "names posix.system, which a checkpoint's metadata never holds")):
+        kept = open(os.path.join(ckpt, part), "rb").read()
+        with open(os.path.join(ckpt, part), "wb") as f:
+            pickle.dump(Planted(marker), f)
+        with pytest.raises(SystemExit, match=text):
+            runfolder.check_checkpoint(ckpt)
+        with pytest.raises(SystemExit, match=text):
+            runfolder.load_checkpoint(ckpt, model, optimizer)
+        with open(os.path.join(ckpt, part), "wb") as f:
+            f.write(kept)
+    assert not marker.exists()
+    # a dotted global reaches through an allowed module to a function: refused too
+    meta = os.path.join(ckpt, ".metadata")
+    with open(meta, "wb") as f:
+        f.write(b"\x80\x04ctorch.distributed.checkpoint.filesystem\nos.system\n(Vtrue\ntR.")  # plain pickle would run it
+    with pytest.raises(SystemExit, match=r"names torch.distributed.checkpoint.filesystem.os.system"):
+        runfolder.check_checkpoint(ckpt)
+
+
+def test_model_folders_with_parts_missing_are_one_line(tmp_path):
+    from test_bad_input import fake_checkpoint
+    model, _ = small_model()
+    good = tmp_path / "good"
+    model.save_pretrained(good)
+    runfolder.check_model_folder(str(good))
+
+    def broken(name, change):
+        folder = tmp_path / name
+        shutil.copytree(good, folder)
+        change(folder)
+        return str(folder)
+
+    def write(path, content, mode="w"):
+        with open(path, mode) as f:
+            f.write(content)
+
+    weights = "model.safetensors"
+    size = os.path.getsize(good / weights)
+    cases = {
+        "no weights": (lambda f: os.remove(f / weights), "has config.json but no weights"),
+        "no config": (lambda f: os.remove(f / "config.json"), "the folder has no config.json"),
+        "config torn": (lambda f: write(f / "config.json", '{"model_type": "qw'), "config.json is not readable (not valid JSON"),
+        "config a list": (lambda f: write(f / "config.json", "[]"), "config.json is not a JSON object"),
+        "config not a model": (lambda f: write(f / "config.json", '{"a": 1}'), "config.json names no model_type"),
+        "config binary": (lambda f: write(f / "config.json", b"\xff\xfe\x00", "wb"), "config.json is not readable"),
+        "weights truncated": (lambda f: os.truncate(f / weights, size // 2), f"truncated or damaged ({size // 2} bytes"),
+        "weights empty": (lambda f: os.truncate(f / weights, 0), "not a safetensors file"),
+        "weights garbage": (lambda f: write(f / weights, b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!", "wb"),
+                            "not a safetensors file"),
+        "weights padded": (lambda f: write(f / weights, b"\x00" * 9, "ab"), f"({size + 9} bytes; its header declares {size})"),
+        "index names a missing shard": (lambda f: write(f / "model.safetensors.index.json", json.dumps(
+            {"weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}})), "names 1 weight file(s) that are missing"),
+        "index without a map": (lambda f: write(f / "model.safetensors.index.json", "{}"), "has no weight_map"),
+    }
+    wrong = []
+    for name, (change, text) in cases.items():
+        try:
+            runfolder.check_model_folder(broken(name.replace(" ", "-"), change))
+            wrong.append(f"{name}: accepted")
+        except SystemExit as e:
+            if e.code != 2 or text not in str(e) or "\n" in str(e):
+                wrong.append(f"{name}: {e}")
+    checkpoint = fake_checkpoint(tmp_path / "checkpoints" / "step_000001")
+    try:
+        runfolder.check_model_folder(str(checkpoint))
+        wrong.append("a checkpoint: accepted")
+    except SystemExit as e:
+        if "is a training checkpoint, not a model folder: export it first" not in str(e):
+            wrong.append(f"a checkpoint: {e}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_row_lost_to_a_failed_evaluation_is_restored_from_its_checkpoint(tmp_path):
+    """The checkpoint of step N is written before step N's evaluation, the row after it: a run stopped in between
+    resumes with row N restored from the checkpoint (without eval_acc), so metrics.jsonl has no gap."""
+    from test_bad_input import fake_checkpoint
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        f.write('{"step": 1, "reward_mean": 0.5}\n{"step": 2, "reward_mean": 0.25}\n')
+    state = {"step": 3, "rng": {}, "row": {"step": 3, "reward_mean": 0.75}}
+    ckpt = str(fake_checkpoint(tmp_path / "checkpoints" / "step_000003", state=state))
+    said = []
+    runfolder.begin(str(tmp_path), True, ckpt, {}, {}, log=said.append)
+    assert [(r["step"], r.get("eval_lost")) for r in runfolder.read_jsonl(tmp_path / "metrics.jsonl")] == \
+        [(1, None), (2, None), (3, True)]
+    runfolder.begin(str(tmp_path), True, ckpt, {}, {}, log=said.append)  # already there: nothing added
+    assert [r["step"] for r in runfolder.read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3] and len(said) == 1
+
+
+def test_a_planted_object_in_a_checkpoint_shard_is_refused_without_running(tmp_path):
+    """DCP stores non-tensor entries (the optimizer's lr, betas, ...) as pickles inside the .distcp shards and its
+    default planner loads them with weights_only=False; load_checkpoint reads them with weights_only=True."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from test_bad_input import Planted
+    model, optimizer = small_model()
+    folder = runfolder.save_checkpoint(str(tmp_path), 1, 2, model, Tokenizer(), optimizer, {"flags": {}})
+    runfolder.load_checkpoint(folder, model, optimizer)  # the honest one loads
+    marker = tmp_path / "ran"
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    optimizer_state["param_groups"][0]["lr"] = Planted(marker)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder, no_dist=True)
+    runfolder.check_checkpoint(folder)  # its .metadata is DCP's own
+    with pytest.raises(SystemExit, match="holds objects other than tensors and plain values in its shards; refusing"):
+        runfolder.load_checkpoint(folder, model, optimizer)
+    assert not marker.exists()
+
+
+def test_ctrl_c_ends_in_one_line_and_resume_is_exact(tmp_path, finished_run):
+    """SIGINT while step 3 samples (after the checkpoint of step 2): one line naming that checkpoint, exit 1, no
+    traceback; --resume then ends where the uninterrupted run did."""
+    out = tmp_path / "run"
+    stopped = train(out, interrupt_at="sampling:3", expect=1)
+    lines = [line for line in stopped.stderr.splitlines() if line.strip() and not line.startswith("train:")]
+    assert "Traceback" not in stopped.stderr and lines[-1].startswith("train.py: interrupted; the last checkpoint, ")
+    assert lines[-1].endswith("step_000002, is kept: pass --resume to continue from step 2")
+    assert open(out / ".lock").read() == ""  # released
+    train(out, "--resume")
+    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
+    same_parameters(final_state(finished_run), final_state(out))
+
+
+def test_a_second_run_on_a_busy_folder_is_refused_at_once(tmp_path):
+    """Two train.py on one folder: the second is refused while the first holds the lock (here: a helper process
+    holding it, so the test does not depend on timing)."""
+    folder = str(tmp_path / "run")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(root=ROOT, folder=folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        second = train(folder, expect=2)
+        last = second.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"train.py: error: --output-dir {folder} is in use by another run (pid {holder.pid} on ")
+        assert last.endswith("); wait for it to end, or choose another --output-dir") and "Traceback" not in second.stderr
+        assert not os.path.exists(os.path.join(folder, "metrics.jsonl"))
+    finally:
+        holder.kill()
+        holder.wait()

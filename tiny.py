@@ -1,6 +1,6 @@
-"""The offline task: synthetic arithmetic, a byte-level BPE tokenizer with a chat template, a small Qwen2
-model, and a short supervised warm start. Everything is built in code, so tests and CPU runs need no
-downloads. The result is an ordinary HF model folder that transformers and vLLM both load.
+"""The offline tasks (arith, sums, merge): synthetic arithmetic, a byte-level BPE tokenizer with a chat template,
+small Qwen2 models, and a short supervised warm start for each. Everything is built in code, so tests and CPU runs
+need no downloads. Each result is an ordinary HF model folder that transformers and vLLM both load.
 
     python tiny.py            # build (or reuse) the warm-started model and print where it is
 

@@ -164,7 +164,7 @@ def validate(a: Args) -> list[str]:
     problems = []
     for name in ("train_data", "eval_data"):
         path = getattr(a, name)
-        if path.endswith(data.FILE_TYPES) and not os.path.exists(path):
+        if path.endswith(data.FILE_TYPES) and not os.path.lexists(path):  # a broken link: data.py says how
             problems.append(f"--{name.replace('_', '-')} {path}: no such file")
     problems += [f"--{name.replace('_', '-')}{message[len(name):]}" for name, message in L.config_problems(a.loss)]
 

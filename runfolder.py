@@ -635,7 +635,15 @@ def export_hf(checkpoint_dir, out_dir):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     transformers.utils.logging.disable_progress_bar()
     check_dcp_metadata(checkpoint_dir)  # DCP unpickles it without restriction
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(checkpoint_dir), dtype=torch.float32)
+    config = AutoConfig.from_pretrained(checkpoint_dir)
+    with torch.device("meta"):  # shapes only: a config that does not match the shards allocates nothing
+        shapes = {f"model.{k}": tuple(v.shape) for k, v in get_model_state_dict(AutoModelForCausalLM.from_config(config)).items()}
+    stored = dcp.FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata
+    missing = [k for k, shape in shapes.items() if k not in stored or tuple(getattr(stored[k], "size", ())) != shape]
+    if missing:
+        raise UserError(f"{checkpoint_dir}: its shards do not hold the weights its config.json describes ({len(missing)} "
+                        f"of {len(shapes)} tensors missing or of another shape, e.g. {missing[0]})")
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     state = {"model": get_model_state_dict(model)}
     _dcp_load(state, checkpoint_dir, no_dist=True)  # the model part only; the optimizer stays on disk
     set_model_state_dict(model, state["model"])

@@ -344,7 +344,7 @@ def adversarial_cases(tmp):
         ("model without weights", t + ["--output-dir", str(tmp / "runs" / "m1"), "--model", str(model)], "has config.json but no weights"),
         ("model config torn", t + ["--output-dir", str(tmp / "runs" / "m2"), "--model", str(torn)], "config.json is not readable (not valid JSON"),
         ("checkpoint given as model", t + ["--output-dir", str(tmp / "runs" / "m3"), "--model", str(checkpoint)],
-         "is a training checkpoint, not a model folder: export it first"),
+         "its shards do not hold the weights its config.json describes"),
         ("output folder in use", t + ["--output-dir", str(tmp / "busy")], "busy is in use by another run (pid"),
     ]
     run = tmp / "state-list"

@@ -21,7 +21,11 @@ CONFIGS = {
     "ce_gppo_1_1": ["--algo", "ce_gppo", "--beta1", "1", "--beta2", "1"],
     "ce_gppo_1_0.5": ["--algo", "ce_gppo", "--beta1", "1", "--beta2", "0.5"],
     "ce_gppo_1_0": ["--algo", "ce_gppo", "--beta1", "1", "--beta2", "0"],
-    "ce_gppo_0.5_1_dyn_id": ["--algo", "ce_gppo", "--beta1", "0.5", "--beta2", "1", "--dynamic-clip", "id"],
+    # dynamic clipping (arXiv 2602.09782) on GRPO's PPO-clip objective, the algorithm its authors apply it to
+    "grpo_dyn_id": ["--algo", "grpo", "--dynamic-clip", "id"],
+    "grpo_dyn_did": ["--algo", "grpo", "--dynamic-clip", "did"],
+    "grpo_dyn_od": ["--algo", "grpo", "--dynamic-clip", "od"],
+    "ce_gppo_0.5_1_dyn_id": ["--algo", "ce_gppo", "--beta1", "0.5", "--beta2", "1", "--dynamic-clip", "id"],  # an extension
     "entropy_0.001": PPO + ["--entropy-coef", "0.001"],  # the paper's §4 entropy-regularisation baseline values
     "entropy_0.003": PPO + ["--entropy-coef", "0.003"],
     # entropy control from other papers, each with its own defaults (loss.py; README "Entropy control")
@@ -36,5 +40,8 @@ CONFIGS = {
 # What each tool runs unless told otherwise.
 MECHANISM_DEFAULT = ["ppo_clip", "ppo_clip_repeat", "ce_gppo_0_1", "ce_gppo_0.5_1", "ce_gppo_1_1", "ce_gppo_1_0.5",
                      "ce_gppo_1_0", "gppo", "dapo", "entropy_0.001", "entropy_0.003"]
-STUDY_DEFAULT = ["grpo", "dapo", "gppo", "ce_gppo_0.5_1", "ce_gppo_0.75_1", "ce_gppo_1_0.5", "ce_gppo_0_1",
-                 "ce_gppo_0.5_1_dyn_id"]
+# The study's configurations (docs/study-protocol.md): the paper's Table 1 and entropy baselines, CE-GPPO's betas,
+# and dynamic clipping; then the other entropy-control methods.
+STUDY_DEFAULT = ["grpo", "dapo", "ppo_clip", "ce_gppo_0.5_1", "ce_gppo_0.75_1", "ce_gppo_1_0.5", "ce_gppo_0_1", "gppo",
+                 "cispo", "gspo", "entropy_0.001", "entropy_0.003", "grpo_dyn_id", "grpo_dyn_did", "grpo_dyn_od"]
+STUDY_SECONDARY = ["sapo", "clip_cov", "kl_cov", "top_entropy_0.2", "adaptive_entropy", "grpo_kl_0.04"]

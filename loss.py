@@ -616,21 +616,22 @@ def _metrics(logp, log_ratio, adv, mask, ratio, extra, eps_low, eps_high, entrop
 # ---------------------------------------------------------------------------------------------
 # The clip thresholds become functions of the token's current probability p = pi_theta(y_t)
 # (detached): an upper threshold H(p) and a lower threshold M(p), each linear in p and clamped,
-# looser for low-probability tokens. A schedule over training progress k/T mixes them with the
-# standard eps_std. The paper's authors released no code; the slopes, intercepts and clamp below
-# come from a third-party summary and are UNVERIFIED defaults, to be tuned.
+# looser for low-probability tokens (the first author's write-up of the method, §4.1-4.2). A schedule
+# over training progress k/T mixes them with the standard eps_std (its §5). The paper's text gives the
+# forms, not the numbers: the slopes, intercepts and clamp are a third-party implementation's defaults,
+# and no value of eps_std was found (docs/entropy-control.md lists the source of each).
 
 @dataclass
 class DynamicClip:
-    """Dynamic clip thresholds and their schedule. Values marked unverified are not from the paper's code."""
+    """Dynamic clip thresholds and their schedule. Values marked (third party) are not given by the paper."""
     schedule: str = "id"  # "id" increase-then-decrease, "did" decrease-increase-decrease, "od" oscillatory decay
-    eps_std: float = 0.2  # the standard clip range the schedules fall back to
-    upper_slope: float = -0.25  # H(p) = clamp(upper_slope * p + upper_intercept)  (unverified)
-    upper_intercept: float = 0.5  # (unverified)
-    lower_slope: float = -0.13  # M(p) = clamp(lower_slope * p + lower_intercept)  (unverified)
-    lower_intercept: float = 0.3  # (unverified)
-    min_eps: float = 0.05  # clamp range of H(p) and M(p)  (unverified)
-    max_eps: float = 0.6  # (unverified)
+    eps_std: float = 0.2  # the standard clip range the schedules fall back to (no value in any source found)
+    upper_slope: float = -0.25  # H(p) = clamp(upper_slope * p + upper_intercept), form §4.1  (third party)
+    upper_intercept: float = 0.5  # (third party)
+    lower_slope: float = -0.13  # M(p) = clamp(lower_slope * p + lower_intercept), form §4.2  (third party)
+    lower_intercept: float = 0.3  # (third party)
+    min_eps: float = 0.05  # clamp range of H(p) and M(p); never binds for p in [0, 1]  (third party)
+    max_eps: float = 0.6  # (third party)
     od_floor: float = 0.2  # oscillatory decay: H_min = od_floor * initial entropy
 
 

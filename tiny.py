@@ -15,7 +15,6 @@ import os
 import random
 import shutil
 import sys
-import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -156,16 +155,19 @@ def warm_start(model, tokenizer, cfg: TinyConfig, log=print):
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
     rng = random.Random(cfg.seed)
     model.train()
-    start = time.time()
-    for step in range(cfg.sft_steps):
+    from tqdm.auto import tqdm
+    bar = tqdm(range(cfg.sft_steps), desc="tiny warm start", unit="step", mininterval=2.0)  # with its ETA
+    for step in bar:
         idx = rng.sample(range(len(rows)), cfg.sft_batch_size)
         out = model(**sft_batch(tokenizer, [prompts[i] for i in idx], [responses[i] for i in idx]))
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if step % 50 == 0 or step == cfg.sft_steps - 1:
-            log(f"  warm start step {step + 1}/{cfg.sft_steps}: loss {out.loss.item():.3f} ({time.time() - start:.0f}s)")
+        if step % 25 == 0 or step == cfg.sft_steps - 1:
+            bar.set_postfix(loss=f"{out.loss.item():.3f}", refresh=False)
+    bar.close()
+    log(f"  tiny warm start: {cfg.sft_steps} steps in {bar.format_dict['elapsed']:.0f}s, last loss {out.loss.item():.3f}")
     model.eval()
     return model
 

@@ -203,7 +203,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     parser.add_argument("--preset", default="tiny", help="train.py preset: task, model and the update's settings")
     parser.add_argument("--steps", type=int, default=50, help="RL steps per run")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")

@@ -305,14 +305,17 @@ def _sums_like_warm_start(cfg, split, what: str, log=print):
 
 def ensure_sums_model(cache_dir: str = DEFAULT_CACHE, cfg: SumsConfig | None = None, log=print) -> str:
     """Path of the warm-started model of the sums task, building it on first use (a few minutes on 2 cores)."""
-    cfg = cfg or SumsConfig()
+    return _ensure_pool_model("sums", cfg or SumsConfig(), sums_split, cache_dir, log)
 
+
+def _ensure_pool_model(task: str, cfg: SumsConfig, split, cache_dir: str, log) -> str:
+    """A pool-merging task's warm-started model, cached in .cache/<task>-qwen2-<config hash>."""
     def build():
-        log(f"sums model: building a {cfg.num_layers}-layer Qwen2 (hidden {cfg.hidden_size}), then a {cfg.sft_steps}-step "
-            "supervised warm start on the sums task")
-        return _sums_like_warm_start(cfg, sums_split, "sums", log)
+        log(f"{task} model: building a {cfg.num_layers}-layer Qwen2 (hidden {cfg.hidden_size}), then a {cfg.sft_steps}-step "
+            f"supervised warm start on the {task} task")
+        return _sums_like_warm_start(cfg, split, task, log)
 
-    return _cached(os.path.join(cache_dir, f"sums-qwen2-{config_hash(cfg)}"), cfg, build, "sums model", log)
+    return _cached(os.path.join(cache_dir, f"{task}-qwen2-{config_hash(cfg)}"), cfg, build, f"{task} model", log)
 
 
 # --- the third task: merge, sums a ~1M model can track ------------------------------------------------
@@ -361,14 +364,7 @@ class MergeConfig(SumsConfig):
 
 def ensure_merge_model(cache_dir: str = DEFAULT_CACHE, cfg: MergeConfig | None = None, log=print) -> str:
     """Path of the warm-started model of the merge task, building it on first use (700 supervised steps)."""
-    cfg = cfg or MergeConfig()
-
-    def build():
-        log(f"merge model: building a {cfg.num_layers}-layer Qwen2 (hidden {cfg.hidden_size}), then a {cfg.sft_steps}-step "
-            "supervised warm start on the merge task")
-        return _sums_like_warm_start(cfg, merge_split, "merge", log)
-
-    return _cached(os.path.join(cache_dir, f"merge-qwen2-{config_hash(cfg)}"), cfg, build, "merge model", log)
+    return _ensure_pool_model("merge", cfg or MergeConfig(), merge_split, cache_dir, log)
 
 
 # --- the registry: what data.py and train.py see ---------------------------------------------------------

@@ -36,11 +36,11 @@ def test_sums_worked_solutions_merge_the_pool_correctly_and_in_many_orders():
     assert len(firsts) > 50  # the order is free: many different first merges
 
 
-def test_the_verifier_scores_worked_solutions_and_rejects_a_wrong_total():
-    rows = tiny.sums_split("test", 40, seed=0)
-    good = [r["solution"] for r in rows]
-    bad = [r["solution"].rsplit("\\boxed", 1)[0] + f"\\boxed{{{r['answer'] + 1}}}" for r in rows]
-    scores = reward.score_batch(good + bad, [r["answer"] for r in rows] * 2)
+@pytest.mark.parametrize("split, wrong", [(tiny.sums_split, +1), (tiny.merge_split, -1)])
+def test_the_verifier_scores_worked_solutions_and_rejects_a_wrong_total(split, wrong):
+    rows = split("test", 40, seed=0)
+    bad = [r["solution"].rsplit("\\boxed", 1)[0] + f"\\boxed{{{r['answer'] + wrong}}}" for r in rows]
+    scores = reward.score_batch([r["solution"] for r in rows] + bad, [r["answer"] for r in rows] * 2)
     assert scores == [1.0] * 40 + [-1.0] * 40
 
 
@@ -84,13 +84,6 @@ def test_merge_worked_solutions_are_right_and_open_lines_with_free_choices():
         assert pool == [r["answer"]] == [sum(r["numbers"])] and lines[-1] == f"\\boxed{{{r['answer']}}}"
     # the order is free: most of the 81 ordered pairs of digits open some solution
     assert len({r["solution"].splitlines()[0].split(",")[0] for r in rows}) > 60
-
-
-def test_the_verifier_scores_merge_solutions_and_rejects_a_wrong_total():
-    rows = tiny.merge_split("test", 40, seed=0)
-    bad = [r["solution"].rsplit("\\boxed", 1)[0] + f"\\boxed{{{r['answer'] - 1}}}" for r in rows]
-    scores = reward.score_batch([r["solution"] for r in rows] + bad, [r["answer"] for r in rows] * 2)
-    assert scores == [1.0] * 40 + [-1.0] * 40
 
 
 def test_merge_responses_fit_the_task_budget():

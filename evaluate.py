@@ -40,6 +40,7 @@ from collections import Counter
 import data
 import heldout
 from data import UserError
+from flags import HelpFormatter
 from heldout import TEMPERATURE, TOP_P
 
 # avg@k (%) from the paper's main table, for --compare
@@ -191,10 +192,6 @@ def check_fit(problems, tokenizer, max_tokens, context, benchmark, skip_long):
     skipped = {pid for pid, _ in long}
     fits = [(p, n) for p, n in zip(problems, lengths) if p["id"] not in skipped]
     return [p for p, _ in fits], sorted(skipped, key=str), max((n for _, n in fits), default=0)
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The docstring as written, and every flag's default."""
 
 
 def parse_args(argv=None):

@@ -282,13 +282,13 @@ def read_config(path: str, parser) -> tuple[dict, str | None]:
         parser.error(f"--config {path}: must hold a mapping of flag names to values")
     preset = values.get("preset") if isinstance(values.get("preset"), str) else None
     values = values["flags"] if isinstance(values.get("flags"), dict) else {k: v for k, v in values.items() if k != "preset"}
-    kinds = {f.name: f.type for f in RUN_FIELDS + LOSS_FIELDS}
+    kinds = {f.name: field_type(f) for f in RUN_FIELDS + LOSS_FIELDS}
     out = {}
     for key, value in values.items():
         name = str(key).lstrip("-").replace("-", "_")
         if name not in kinds:
             parser.error(f"--config {path}: unknown flag {key!r}{suggest(name, kinds)}")
-        kind = {"int": int, "float": float, "str": str, "bool": bool}.get(kinds[name], kinds[name]) if isinstance(kinds[name], str) else kinds[name]
+        kind = kinds[name]
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool)) or (kind is float and isinstance(value, int) and not isinstance(value, bool))
         if not ok:
             parser.error(f"--config {path}: {key} must be a {kind.__name__}, got {value!r}")
@@ -310,20 +310,20 @@ def dash_flags(argv):
 # --- from dataclasses to argparse -----------------------------------------------------------------
 
 def field_docs(cls) -> dict:
-    """One-line docs of a dataclass's fields, read from the comments beside them, and each field's group: the
-    `# --- group` comment above it ("algorithm" for LossConfig)."""
+    """{field: (its --help group, its one-line doc)}, read from a dataclass's source: the comment beside each field,
+    and the `# --- group` comment above it ("algorithm" for LossConfig, which has none)."""
     docs, group = {}, "algorithm"
     for line in inspect.getsource(cls).splitlines():
         line = line.strip()
         if line.startswith("# ---"):
             group = line[5:].split(":")[0].strip()
         elif ":" in line and "#" in line and not line.startswith("#"):
-            docs[line.split(":")[0]] = line.split("#", 1)[1].strip()
-            GROUPS[line.split(":")[0]] = group
+            docs[line.split(":")[0]] = (group, line.split("#", 1)[1].strip())
     return docs
 
 
-GROUPS = {}  # field name -> its --help group, filled by field_docs()
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The docstring as written, and every flag's default."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -337,31 +337,31 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def field_type(f) -> type:
+    """A dataclass field's type, also where its annotation is a string."""
+    return {"int": int, "float": float, "str": str, "bool": bool}.get(f.type, f.type) if isinstance(f.type, str) else f.type
+
+
 def add_flags(parser, dataclass_fields, docs, defaults, aliases=None, note=lambda name: ""):
     """A flag per field, in its group; its shown default is the value under the preset (defaults: an Args, whose
     .loss holds the LossConfig fields); its parsed default None (= not given)."""
     groups = {}
     for f in dataclass_fields:
-        group_name = GROUPS.get(f.name, "other")
+        group_name, doc = docs.get(f.name, ("other", ""))
         if group_name not in groups:
             groups[group_name] = parser.add_argument_group(group_name)
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name) if hasattr(defaults, f.name) else getattr(defaults.loss, f.name)
         rule = f.metadata.get("rule")
-        options = CHOICES.get(f.name) or (sorted(globals_of(rule.choices)) if rule is not None and rule.choices else None)
-        help_text = f"{docs.get(f.name, '')}{note(f.name)} (default: {default!r})"
-        if f.type in (bool, "bool"):
+        options = CHOICES.get(f.name) or (rule.options() if rule is not None else None)
+        help_text = f"{doc}{note(f.name)} (default: {default!r})"
+        kind = field_type(f)
+        if kind is bool:
             groups[group_name].add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
-            kind = {"int": int, "float": float, "str": str}.get(f.type, f.type) if isinstance(f.type, str) else f.type
-            metavar = "{" + ",".join(options) + "}" if options else kind.__name__.upper()
+            metavar = "{" + ",".join(map(str, options)) + "}" if options else kind.__name__.upper()
             groups[group_name].add_argument(flag, *(aliases or {}).get(f.name, []), dest=f.name, type=kind, default=None,
                                             help=help_text, metavar=metavar)
-
-
-def globals_of(name):
-    """A registry of loss.py by name (a Rule's choices)."""
-    return getattr(L, name)
 
 
 def join_negative_values(argv):

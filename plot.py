@@ -61,7 +61,8 @@ def _mean_std(xs):
     return m, (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
 
 
-def _window_mean(rows, key, first):
+def window_mean(rows, key, first):
+    """The mean of `key` over the first (or last) 10 training steps."""
     rows = [r for r in rows if "reward_mean" in r]  # not the step-0 row of an evaluation before training
     part = rows[:10] if first else rows[-10:]
     values = [r[key] for r in part if r.get(key) is not None]
@@ -77,8 +78,8 @@ def summary(runs: dict[str, list[str]]) -> dict:
         table[name] = {"seeds": len(dirs), "eval_acc": _mean_std(evals)}
         for key in ("reward_mean", "entropy"):
             short = key.split("_")[0]
-            table[name][f"{short}_first10"] = _mean_std([_window_mean(rows, key, True) for rows in per_seed])
-            table[name][f"{short}_last10"] = _mean_std([_window_mean(rows, key, False) for rows in per_seed])
+            table[name][f"{short}_first10"] = _mean_std([window_mean(rows, key, True) for rows in per_seed])
+            table[name][f"{short}_last10"] = _mean_std([window_mean(rows, key, False) for rows in per_seed])
     return table
 
 
@@ -217,12 +218,9 @@ def sample_line(sample: dict, width: int = 150) -> str:
     return head + short(sample["prompt"], 50) + " => " + short(sample["completion"], max(20, width - len(head) - 54))
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The docstring as written, and every flag's default."""
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    import flags  # the shared help formatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=flags.HelpFormatter)
     parser.add_argument("runs", nargs="+", help="run folders, or NAME=DIR[,DIR...] for the seeds of one configuration")
     parser.add_argument("--out", default=None, help="output folder (default: plots/ beside the first run)")
     parser.add_argument("--window", type=int, default=5, help="moving-average window in steps")

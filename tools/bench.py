@@ -828,12 +828,9 @@ def cpu_model():
         return platform.processor() or platform.machine()
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The docstring as written, and every flag's default."""
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    import flags  # the shared help formatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=flags.HelpFormatter)
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections from {list(SECTIONS)}")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
     parser.add_argument("--step-repeats", type=int, default=5, help="step: runs of each side, alternating")

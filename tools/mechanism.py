@@ -319,12 +319,8 @@ def draw(summary, records, configs, path, title):
     plt.close(fig)
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The docstring as written, and every flag's default."""
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=flags.HelpFormatter, allow_abbrev=False)
     parser.add_argument("--preset", default="tiny", help="train.py preset: the task, model, and the update's settings")
     parser.add_argument("--start", default="warm", choices=["warm", "midrun"], help="start from the warm start or a mid-run RL checkpoint")
     parser.add_argument("--batches", type=int, default=30, help="rollout batches (the n of every interval)")

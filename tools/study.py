@@ -71,6 +71,7 @@ def run_one(preset, name, seed, steps, out, extra, threads=None):
 def run_record(out: str) -> dict | None:
     """One run's summary and per-step numbers, from its run folder (None if it logged nothing)."""
     import runfolder as RF
+    from plot import window_mean
     rows = RF.read_jsonl(os.path.join(out, "metrics.jsonl"))
     steps = [r for r in rows if "reward_mean" in r]
     if not steps:
@@ -79,16 +80,12 @@ def run_record(out: str) -> dict | None:
     trained = [(s, a) for s, a in evals if s > 0]
     best = max(trained, key=lambda e: e[1]) if trained else (None, None)
 
-    def window(key, part):
-        values = [r[key] for r in part if r.get(key) is not None]
-        return sum(values) / len(values) if values else None
-
     hardware = RF.read_jsonl(os.path.join(out, "hardware.jsonl"))
     return {"steps_done": steps[-1]["step"], "start_acc": next((a for s, a in evals if s == 0), None),
             "final_acc": trained[-1][1] if trained else None, "final_step": trained[-1][0] if trained else None,
             "best_acc": best[1], "best_step": best[0],
-            "entropy_first10": window("entropy", steps[:10]), "entropy_last10": window("entropy", steps[-10:]),
-            "reward_first10": window("reward_mean", steps[:10]), "reward_last10": window("reward_mean", steps[-10:]),
+            "entropy_first10": window_mean(rows, "entropy", True), "entropy_last10": window_mean(rows, "entropy", False),
+            "reward_first10": window_mean(rows, "reward_mean", True), "reward_last10": window_mean(rows, "reward_mean", False),
             "hardware": hardware, "steps": [{k: r[k] for k in KEPT if k in r} for r in rows]}
 
 
@@ -198,12 +195,9 @@ def draw_figures(study: dict, out_dir: str, window: int = 5) -> list[str]:
     return written
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The docstring as written, and every flag's default."""
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    import flags  # the shared help formatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=flags.HelpFormatter, allow_abbrev=False)
     parser.add_argument("--preset", default="tiny", help="train.py preset: task, model and the update's settings")
     parser.add_argument("--steps", type=int, default=50, help="RL steps per run")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
@@ -216,7 +210,6 @@ def main():
     parser.add_argument("--no-plot", action="store_true", help="only run, do not draw")
     parser.add_argument("--parallel", type=int, default=1, help="runs at once (each gets cores / parallel threads)")
     args, train_flags = parser.parse_known_args()  # any other flag is a train.py flag, for every run
-    import flags
     flags.parse_args(["--preset", args.preset, *train_flags], prog="study.py")  # a bad one ends here
     names = [c for c in args.configs.split(",") if c]
     unknown = [c for c in names if c not in CONFIGS]

@@ -86,9 +86,13 @@ class Rule(NamedTuple):
     choices: str | None = None  # the name of a module-level tuple or dict whose keys are the allowed values
     integer: bool = False  # whole numbers only
 
+    def options(self) -> list:
+        """The allowed values of a choice field, from its registry (empty for a numeric field)."""
+        return sorted(globals()[self.choices], key=str) if self.choices else []
+
     def text(self) -> str:
         if self.choices:
-            return f"one of {sorted(globals()[self.choices])}"
+            return f"one of {self.options()}"
         low = f"{'>' if self.low_open else '>='} {self.low:g}" if self.low is not None else ""
         if self.high is None:
             return f"an integer {low}" if self.integer else f"{low} and finite"
@@ -96,7 +100,7 @@ class Rule(NamedTuple):
 
     def allows(self, value) -> bool:
         if self.choices:
-            return value in globals()[self.choices]
+            return value in self.options()
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return False
         if self.integer and not isinstance(value, int):
@@ -431,7 +435,7 @@ def _closest(f, cfg) -> str:
     rule = f.metadata["rule"]
     if not rule.choices:
         return ""
-    close = difflib.get_close_matches(str(getattr(cfg, f.name)), [str(c) for c in globals()[rule.choices]], n=1, cutoff=0.6)
+    close = difflib.get_close_matches(str(getattr(cfg, f.name)), [str(c) for c in rule.options()], n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 

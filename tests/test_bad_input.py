@@ -242,7 +242,9 @@ def adversarial_cases(tmp):
     os.symlink(os.devnull, tmp / "null.jsonl")
     os.symlink(tmp / "loop.jsonl", tmp / "loop.jsonl")
     (tmp / "folder.jsonl").mkdir()
-    t = ["train.py", "--max-steps", "1", "--eval-every", "0"]
+    # a scratch output folder by default (a case's own --output-dir comes later and wins): the repository's runs/tiny
+    # may hold the quick start's run, which would be refused before the input under test is read
+    t = ["train.py", "--output-dir", str(tmp / "runs" / "default"), "--max-steps", "1", "--eval-every", "0"]
     expect = {
         "fifo": "fifo.jsonl: a FIFO (named pipe), not a regular file",
         "parquet FIFO": "fifo.parquet: a FIFO (named pipe), not a regular file",

@@ -25,15 +25,18 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 rank, world, device = D.init()
 # old log-probs come from the model before the update, as in train.py; make the ratios leave the clip range
 real = train.response_logprobs
-def shifted(policy, mb, grad=False, truncation=False):
-    logp, entropy, kept = real(policy, mb, grad=grad, truncation=truncation)
+def shifted(policy, mb, grad=False, truncation=False, model=None):  # the reference's too: a KL gradient from step 1
+    logp, entropy, kept = real(policy, mb, grad=grad, truncation=truncation, model=model)
     # a shift by token and place in its response, not by place in the micro-batch: padded and packed layouts agree
     shift = 0.3 * torch.sin(mb["response_ids"].float() + torch.arange(logp.shape[1]))
     return (logp + shift if not grad else logp), entropy, kept
 train.response_logprobs = shifted
 results = {{}}
-for algo, budget in [(a, b) for a in {algos!r} for b in (0, 40)]:  # padded, then packed rows of <= 40 tokens
-    args = flags.parse_args(["--preset", "tiny", "--algo", algo, "--n", "4", "--mini-batch-prompts", "3",
+for variant, budget in [(a, b) for a in {algos!r} for b in (0, 40)]:  # padded, then packed rows of <= 40 tokens
+    algo, _, extra = variant.partition("+")
+    # k2: with k3's e^x at SGD lr 1 one float32 element of 70400 drifts to 5e-5 (k3 is exact in float64: test_train)
+    kl = ["--kl-coef", "0.1", "--kl-estimator", "k2"] if extra == "kl" else []
+    args = flags.parse_args(["--preset", "tiny", "--algo", algo, *kl, "--n", "4", "--mini-batch-prompts", "3",
                              "--train-prompts", "6", "--gen-prompts", "6", "--micro-batch-size", "2",
                              "--positive-lm-coef", "0.1", "--grad-clip", "1e9", "--max-prompt-len", "9",
                              "--max-response-len", "12", "--micro-batch-tokens", str(budget)])
@@ -49,11 +52,14 @@ for algo, budget in [(a, b) for a in {algos!r} for b in (0, 40)]:  # padded, the
                         "advantage": rng.gauss(0, 1), "correct": rng.random() < 0.5}} for _ in range(4)])
     mini_batches = [[s for i in range(m, m + 3) if i % world == rank for s in groups[i]] for m in (0, 3)]
     policy = train.make_policy(args, model, optimizer, 0, device)
+    if args.loss.kl_coef:  # the frozen reference, sharded like the policy (as train.load_policy)
+        ref = AutoModelForCausalLM.from_pretrained({model!r}, dtype=torch.float32).requires_grad_(False).eval()
+        policy.ref_model = D.shard_model(ref, "fp32") if world > 1 else ref
     minis = train.make_mini_batches(policy, mini_batches, args.loss)
     train.old_logprobs(policy, minis)
     metrics = train.update_policy(policy, minis, args.loss)
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    results[f"{{algo}}/{{budget}}"] = {{"params": full, "metrics": metrics}}
+    results[f"{{variant}}/{{budget}}"] = {{"params": full, "metrics": metrics}}
 if D.is_main():
     torch.save(results, {out!r})
 D.end_process()
@@ -80,7 +86,7 @@ def run_worker(tmp_path, model, world):
     return torch.load(out, weights_only=False)
 
 
-ALGOS = ("ce_gppo", "grpo")  # token-mean and seq-mean-token-mean
+ALGOS = ("ce_gppo", "grpo", "grpo+kl")  # token-mean and seq-mean-token-mean; the KL penalty's reference model sharded too
 
 
 def test_two_ranks_update_like_one_process(tmp_path, tiny_model_path):
@@ -104,6 +110,8 @@ def test_two_ranks_update_like_one_process(tmp_path, tiny_model_path):
         assert one["metrics"]["optimizer_steps"] == 2
     assert ones["ce_gppo/0"]["params"].keys() == ones["grpo/0"]["params"].keys()
     assert any(not torch.equal(ones["ce_gppo/0"]["params"][k], ones["grpo/0"]["params"][k]) for k in start)  # two losses ran
+    assert twos["grpo+kl/0"]["metrics"]["kl_loss"] > 0 and "kl_loss" not in twos["grpo/0"]["metrics"]  # the KL term ran on 2 ranks
+    assert any(not torch.equal(ones["grpo+kl/0"]["params"][k], ones["grpo/0"]["params"][k]) for k in start)
 
 
 def test_two_rank_run_logs_once_and_resumes_on_one_rank(tmp_path, tiny_model_path):

@@ -81,6 +81,33 @@ def test_end_to_end_and_exact_resume(tmp_path, tiny_model_path):
         assert a["reward_mean"] == b["reward_mean"] and a["entropy"] == pytest.approx(b["entropy"], rel=1e-5)
 
 
+def test_kl_penalty_and_adaptive_entropy_run_and_resume_exactly(tmp_path, tiny_model_path):
+    """--kl-coef (the frozen reference is reloaded from the starting model on resume, not from the checkpoint) and
+    --adaptive-entropy (its coefficient and last entropy are loop state, checkpointed): a run killed after step 4
+    was logged but before it was checkpointed resumes to the uninterrupted run's parameters and rows."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    # target 1 nat: above the tiny model's entropy, so the coefficient rises by 0.005 a step from 0.01
+    flags = ["--algo", "grpo", "--kl-coef", "0.04", "--adaptive-entropy", "--entropy-coef", "0.01",
+             "--entropy-target", "1.0", "--max-steps", "4", "--save-every", "2", "--lr", "1e-3"]
+    run_train(straight, *flags)
+    rows = read_metrics(straight)
+    # step 1 has no previous entropy (no bonus); then c_k = 0.01 + 0.005 k while entropy <= the target
+    assert [r["entropy_coef"] for r in rows] == pytest.approx([0.0, 0.015, 0.02, 0.025])
+    assert all(r["kl_loss"] >= 0 for r in rows) and rows[-1]["kl_loss"] > 0  # k3 >= 0, and the policy moved away
+    shutil.copytree(straight, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_000004")
+    shutil.rmtree(resumed / "final")
+    run_train(resumed, *flags, "--resume")
+    again = read_metrics(resumed)
+    assert [r["step"] for r in again] == [1, 2, 3, 4]
+    for a, b in zip(rows, again, strict=True):
+        assert b["entropy_coef"] == a["entropy_coef"] and b["reward_mean"] == a["reward_mean"]
+        assert b["kl_loss"] == pytest.approx(a["kl_loss"], rel=1e-4, abs=1e-9)
+    want = final_state(straight)
+    for k, v in final_state(resumed).items():
+        torch.testing.assert_close(v, want[k], rtol=1e-5, atol=1e-6)
+
+
 def test_refuses_to_overwrite_a_run(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     with pytest.raises(SystemExit, match="pass --resume"):

@@ -70,3 +70,22 @@ def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
     assert set(first["gppo"]) >= {"dH_mean", "dH_vs_ppo_mean", "dH_vs_ppo_ci95", "n"}
     assert first["settings"]["train_flags"] == ["--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "4"]
     assert first["entropy_0.003"]["predicted_by_region_mean"]["entropy_bonus"] != 0.0  # the bonus path ran
+
+
+def test_the_other_papers_methods_run_paired(tmp_path, tiny_model_path):
+    """The entropy-control methods of issue 27 in the paired step: the KL penalty gets its frozen reference, and
+    adaptive entropy's first step applies no bonus (no previous entropy), so it equals GRPO exactly."""
+    out = tmp_path / "other.json"
+    configs = "ppo_clip,grpo,dapo,adaptive_entropy,grpo_kl_0.04,top_entropy_0.2,sapo"
+    done = subprocess.run([sys.executable, "tools/mechanism.py", "--preset", "tiny", "--batches", "2", "--probe-prompts", "4",
+                           "--fresh-prompts", "4", "--configs", configs, "--output", str(out), "--gen-prompts", "8",
+                           "--train-prompts", "8", "--mini-batch-prompts", "4", "--lr", "1e-3"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["adaptive_entropy"]["dH_vs_grpo"] == [0.0, [0.0, 0.0]]
+    assert result["grpo"]["dH_vs_grpo"] == [0.0, [0.0, 0.0]] and "dH_vs_dapo" in result["top_entropy_0.2"]
+    for name in ("grpo_kl_0.04", "top_entropy_0.2", "sapo"):
+        assert all(r["configs"][name]["optimizer_steps"] > 0 for r in result["records"])
+    assert any(r["configs"]["top_entropy_0.2"]["dH"] != r["configs"]["dapo"]["dH"] for r in result["records"])
+    assert "dH - grpo [95% CI]: ppo_clip" in done.stdout

@@ -94,9 +94,10 @@ class Recorder:
         # the first mini-batch: old = current, as optimizer_step takes it
         old_logp, old_entropy = mb.get("old_logp", logp.clone()), mb.get("old_entropy", entropy.clone())
         logp.requires_grad_(True)
+        current = self.cfg.entropy_coef or self.cfg.top_entropy_quantile < 1  # as optimizer_step chooses
         loss, _ = L.policy_loss(logp, old_logp, mb["advantages"], mb["response_mask"], self.cfg, totals=totals,
-                                entropy=entropy.requires_grad_(True) if self.cfg.entropy_coef else old_entropy,
-                                correct=mb["correct"], weights=mb.get("weights"))
+                                entropy=entropy.requires_grad_(bool(self.cfg.entropy_coef)) if current else old_entropy,
+                                correct=mb["correct"], weights=mb.get("weights"), ref_logp=mb.get("ref_logp"))
         return torch.autograd.grad(loss, logp)[0], logp.detach(), old_logp
 
     @torch.no_grad()
@@ -218,6 +219,9 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
     print(f"[mechanism] {preset}, {start} start: probe entropy {h0_probe:.4f}, fresh-sample entropy {h0_fresh:.4f}", flush=True)
 
     config_args = {name: flags.parse_args(["--preset", preset, *train_flags, *CONFIGS[name]]) for name in configs}
+    # --kl-coef's reference: the model the run started from (train.load_policy), not the mid-run checkpoint
+    reference = (AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).requires_grad_(False).eval()
+                 if any(a.loss.kl_coef for a in config_args.values()) else None)
     records = []
     t0 = time.time()
     for b in range(batches):
@@ -234,6 +238,7 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
             optimizer.load_state_dict(copy.deepcopy(start_optimizer))  # load_state_dict keeps the tensors: a step
             # would update the start's Adam moments in place, and the next config would start elsewhere
             policy = train.make_policy(args, model, optimizer, pad_id, device)
+            policy.ref_model = reference if args.loss.kl_coef else None
             recorder = Recorder(policy, args.loss)
             steps = one_step(policy, recorder, train.mini_batch_sequences(kept, groups, advantages, correct, args), args)
             fresh = micro_batches(sample_set(sampler, policy, tokenizer, fresh_rows, args, fresh_seed, 1), policy)
@@ -257,6 +262,17 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
                                                   "cpu": f"{cpu_model()}, {torch.get_num_threads()} threads"}
 
 
+# Besides PPO-clip, the algorithms that the other papers' methods are options of (configs.py): each method's effect
+# is also read against its own base algorithm, paired by batch, when that ran beside it.
+OTHER_BASELINES = ("grpo", "dapo")
+
+
+def paired(records, name, base):
+    """[mean, [low, high]]: the mean over batches of dH(name) - dH(base), with its 95% t-interval."""
+    mean, ci = mean_ci([r["configs"][name]["dH"] - r["configs"][base]["dH"] for r in records])
+    return [mean, ci]
+
+
 def summarise(records, configs):
     out = {}
     for name in configs:
@@ -272,6 +288,7 @@ def summarise(records, configs):
             "dH_fresh_vs_ppo_mean": fresh_mean, "dH_fresh_vs_ppo_ci95": fresh_ci,
             "predicted_mean": sum(r["configs"][name]["predicted"] for r in records) / len(records),
             "predicted_vs_ppo_mean": sum(pred_diff) / len(pred_diff),
+            **{f"dH_vs_{base}": paired(records, name, base) for base in OTHER_BASELINES if base in configs},
             "region_frac_mean": {k: sum(r["configs"][name]["region_frac"][k] for r in records) / len(records) for k in REGIONS},
             "predicted_by_region_mean": {k: sum(r["configs"][name]["predicted_by_region"][k] for r in records) / len(records)
                                          for k in REGIONS + ("entropy_bonus",)},
@@ -366,6 +383,10 @@ def main():
         print(f"| {c} | {s['dH_mean']:+.5f} | {s['dH_vs_ppo_mean']:+.5f} [{s['dH_vs_ppo_ci95'][0]:+.5f}, {s['dH_vs_ppo_ci95'][1]:+.5f}] | "
               f"{s['dH_fresh_vs_ppo_mean']:+.5f} | {s['predicted_vs_ppo_mean']:+.4f} | {100 * f['b1_low']:.2f} / {100 * f['b1_high']:.2f} | "
               f"{100 * f['b2_low']:.2f} / {100 * f['b2_high']:.2f} |")
+    for base in OTHER_BASELINES:
+        if base in configs:
+            print(f"dH - {base} [95% CI]: " + "; ".join(f"{c} {summary[c][f'dH_vs_{base}'][0]:+.5f} [{summary[c][f'dH_vs_{base}'][1][0]:+.5f}, "
+                                                         f"{summary[c][f'dH_vs_{base}'][1][1]:+.5f}]" for c in configs if c != base))
     print(f"results in {args.output}")
 
 

@@ -73,8 +73,11 @@ def main(args: Args):
         update = old_logprobs(policy, minis, args.rollout_correction, args.rollout_correction_threshold) if kept else {}
         # 6. one optimizer step per mini-batch of kept groups
         if kept:
-            update.update(update_policy(policy, minis, step_loss_config(args.loss, run.loop), progress=min(1.0, step / args.max_steps),
+            cfg = step_loss_config(args.loss, run.loop)  # --adaptive-entropy: this step's coefficient
+            update.update(update_policy(policy, minis, cfg, progress=min(1.0, step / args.max_steps),
                                         od_state=run.loop["od_state"], step=step))
+            if args.loss.adaptive_entropy:
+                update["entropy_coef"] = cfg.entropy_coef
         update["lr"] = policy.optimizer.param_groups[0]["lr"]
         policy.scheduler.step()
         clock.append(time.perf_counter())
@@ -181,7 +184,6 @@ def end_step(run: Run, args, s: Step):
                                                      loop["initial_entropy"], L.DynamicClip(schedule="od"))
         row["od_state"] = loop["od_state"]
     if args.loss.adaptive_entropy and "entropy" in row:  # Skywork-OR1: the coefficient for the next step
-        row["entropy_coef"] = step_loss_config(args.loss, loop).entropy_coef  # the one this step applied
         loop["entropy_coef"] = L.next_entropy_coef(args.loss, loop.get("entropy_coef", args.loss.entropy_coef), row["entropy"])
         loop["last_entropy"] = row["entropy"]
     loop["step"] = done

@@ -185,7 +185,7 @@ def validate(a: Args) -> list[str]:
     check("top_p", lambda v: 0 < v <= 1, "in (0, 1]")
     check("gpu_memory_utilization", lambda v: 0 < v < 1, "in (0, 1)")
     for name, options in CHOICES.items():
-        check(name, lambda v, options=options: v in options, f"one of {list(options)}{suggest(getattr(a, name), options)}")
+        check(name, lambda v, options=options: v in options, f"one of {list(options)}{L.did_you_mean(getattr(a, name), options)}")
     check("rollout_correction_threshold", lambda v: v > 1, "a finite number > 1")
     # What torch and the samplers can take: the engine seed (numpy's, vLLM's) and counts are 32-bit; logits / temperature
     # must stay finite in float32 (and bf16); beta1 / beta2 scale the loss, 100 times the paper's 1 at most.
@@ -219,12 +219,6 @@ def validate(a: Args) -> list[str]:
     return problems
 
 
-def suggest(value, options) -> str:
-    """"; did you mean X?" for the closest valid option, or ""."""
-    close = difflib.get_close_matches(str(value), [str(o) for o in options], n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
-
-
 # ---------------------------------------------------------------------------------------------
 # The command line
 # ---------------------------------------------------------------------------------------------
@@ -244,7 +238,7 @@ def parse_args(argv=None, description: str = "", prog: str = "train.py") -> Args
     from_file, file_preset = read_config(known.config, parser) if known.config else ({}, None)
     preset = known.preset or file_preset or "tiny"
     if preset not in PRESETS:
-        parser.error(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}{suggest(preset, PRESETS)}")
+        parser.error(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}{L.did_you_mean(preset, PRESETS)}")
     algo = known.algo or from_file.get("algo")
     shown = resolve(preset, {**from_file, **({"algo": algo} if algo in L.ALGORITHMS else {})})
     parser.description = (f"preset in effect: {preset} (algorithm {shown.loss.algo}); defaults below are its values"
@@ -287,7 +281,7 @@ def read_config(path: str, parser) -> tuple[dict, str | None]:
     for key, value in values.items():
         name = str(key).lstrip("-").replace("-", "_")
         if name not in kinds:
-            parser.error(f"--config {path}: unknown flag {key!r}{suggest(name, kinds)}")
+            parser.error(f"--config {path}: unknown flag {key!r}{L.did_you_mean(name, kinds)}")
         kind = kinds[name]
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool)) or (kind is float and isinstance(value, int) and not isinstance(value, bool))
         if not ok:

@@ -433,9 +433,12 @@ def config_problems(cfg: LossConfig) -> list[tuple[str, str]]:
 def _closest(f, cfg) -> str:
     """"; did you mean 'ce_gppo'?" for a mistyped choice."""
     rule = f.metadata["rule"]
-    if not rule.choices:
-        return ""
-    close = difflib.get_close_matches(str(getattr(cfg, f.name)), [str(c) for c in rule.options()], n=1, cutoff=0.6)
+    return did_you_mean(getattr(cfg, f.name), rule.options()) if rule.choices else ""
+
+
+def did_you_mean(value, options) -> str:
+    """"; did you mean X?" for the closest of `options` to a mistyped value, or "" (every choice flag's hint)."""
+    close = difflib.get_close_matches(str(value), [str(o) for o in options], n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 

@@ -43,3 +43,37 @@ def test_table1_pairs_by_seed():
     assert f"| ce | 3 | 10 | 20.0 [20.0, 20.0] | 45.0 [" in table
     assert f"{100 * mean:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]" in table  # the paired difference, not the unpaired one
     assert "| grpo | 3 | 10 |" in table and table.count("| - |") == 1
+
+
+def test_verdicts_read_the_intervals_as_the_protocol_says():
+    def run(final, first, last, entropy=None, od=None):
+        steps = [{"step": t, "entropy": entropy(t) if entropy else last, **({"od_state": od(t)} if od else {})}
+                 for t in range(1, 201)]
+        return {"final_acc": final, "entropy_first10": first, "entropy_last10": last, "steps_done": 200, "steps": steps}
+
+    grpo = {"0": run(0.50, 0.2, 0.10), "1": run(0.60, 0.2, 0.12), "2": run(0.70, 0.2, 0.11)}
+    rise_fall = lambda t: 0.2 + 0.1 * (t <= 100) * t / 100 - 0.15 * (t > 100) * (t - 100) / 100  # noqa: E731
+    study_dict = {
+        "grpo": grpo,
+        "ce_gppo_0.5_1": {"0": run(0.61, 0.2, 0.20), "1": run(0.70, 0.2, 0.21), "2": run(0.79, 0.2, 0.22)},  # +0.11, +0.10, +0.09
+        "entropy_0.003": {"0": run(0.5, 0.2, 0.35), "1": run(0.5, 0.2, 0.31)},  # 0.33 / 0.2 = 1.65 > 1.5: explodes
+        "grpo_dyn_id": {s: run(r["final_acc"], 0.2, 0.1, rise_fall) for s, r in grpo.items()},
+        "grpo_dyn_did": {s: run(r["final_acc"] - 0.2, 0.2, 0.1) for s, r in grpo.items()},  # flat entropy, accuracy lost
+        "grpo_dyn_od": {s: run(r["final_acc"], 0.2, 0.1, od=lambda t: int(t // 50) % 2) for s, r in grpo.items()},
+    }
+    text = study.verdicts(study_dict)
+    row = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| ")}
+    assert row["(0.5, 1) - grpo, final avg@k"].endswith("**holds** |")
+    assert "| 3 | +10.0 [+7.5, +12.5] |" in row["(0.5, 1) - grpo, final avg@k"]
+    assert row["(0.5, 1) - dapo, final avg@k"].endswith("**fewer than 2 seeds** |")
+    assert row["(0.5, 1): last-10 - first-10 entropy"].endswith("**holds** |")  # entropy rose: stable
+    assert row["grpo_dyn_did - grpo, final avg@k"].endswith("**does not hold** |")
+    assert row["grpo_dyn_id - grpo, final avg@k"].endswith("**holds** |")  # equal accuracy is not a loss
+    assert row["grpo_dyn_id - grpo, last-10 entropy"].endswith("**not resolved** |")
+    assert row["entropy_0.003: mean last-10 / first-10 entropy"].endswith("1.65 | > 1.5 | **holds** |")
+    lines = text.splitlines()
+    assert any("grpo_dyn_id follows" in x and x.endswith("**holds** |") and "3 of 3 runs" in x for x in lines)
+    assert any("grpo_dyn_did follows" in x and x.endswith("**does not hold** |") for x in lines)
+    assert any("grpo_dyn_od oscillates" in x and "[4, 4, 4]" in x and x.endswith("**holds** |") for x in lines)
+    assert study.best_dynamic(study_dict) == "grpo_dyn_id"  # ID and OD tie on accuracy: ID
+    assert study.judge((3, -0.1, [-0.2, -0.01]), "above") == "reversed"

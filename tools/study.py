@@ -13,7 +13,8 @@ Runs go to runs/study/<preset>/<config>-s<seed>/ and keep checkpoints, so an int
 run is skipped, an unfinished one continues from its last checkpoint (train.py --resume), exactly; each run's
 hardware.jsonl says which machine ran which steps. A study may run in parts and on several machines: the JSON
 (docs/figures/study-<preset>.json, {config: {seed: {start_acc, final_acc, best_acc, ..., steps: [...]}}}) is updated
-with the runs found, never emptied, so results accumulate. Table and figures go to docs/figures/study-<preset>/.
+with the runs found, never emptied, so results accumulate. Table, figures and the verdict on each of the paper's
+claims, read by the rules of docs/study-protocol.md (verdicts.md), go to docs/figures/study-<preset>/.
 """
 
 import argparse
@@ -131,6 +132,158 @@ def table1(study: dict, baseline: str = "grpo") -> str:
     return "\n".join(lines)
 
 
+# --- the verdicts, by the rules of docs/study-protocol.md ---------------------------------------------------------
+
+def paired(study: dict, a: str, b: str, key) -> tuple | None:
+    """a - b of a per-run number (a key, or a function of the run), on the seeds both ran: (n, mean, [lo, hi]) with
+    the 95% t-interval over seeds; None with fewer than 2 such seeds."""
+    value = key if callable(key) else (lambda run: run.get(key))
+    seeds = [s for s in study.get(a, {}) if s in study.get(b, {})
+             and value(study[a][s]) is not None and value(study[b][s]) is not None]
+    if len(seeds) < 2:
+        return None
+    return (len(seeds), *mean_ci([value(study[a][s]) - value(study[b][s]) for s in seeds]))
+
+
+def over_seeds(study: dict, name: str, key) -> tuple | None:
+    """(n, mean, [lo, hi]) of a per-run number over the seeds of one configuration; None with fewer than 2."""
+    values = [key(run) for run in study.get(name, {}).values() if key(run) is not None]
+    return (len(values), *mean_ci(values)) if len(values) >= 2 else None
+
+
+def entropy_change(run):
+    """Last-10 minus first-10 steps' mean token entropy of one run."""
+    if run.get("entropy_first10") is None or run.get("entropy_last10") is None:
+        return None
+    return run["entropy_last10"] - run["entropy_first10"]
+
+
+def window_entropy(run, lo: float, hi: float):
+    """Mean entropy over the steps in (lo T, hi T] of a run of T steps (T = 200: 0-0.1 is steps 1-20)."""
+    T = run["steps_done"]
+    values = [r["entropy"] for r in run["steps"] if lo * T < r.get("step", 0) <= hi * T and r.get("entropy") is not None]
+    return sum(values) / len(values) if values else None
+
+
+def judge(result, want: str) -> str:
+    """The protocol's reading of an interval: `want` "above" or "below" 0 holds when the interval lies wholly there,
+    is reversed when it lies wholly on the other side, and is otherwise not resolved; "not below" (accuracy kept)
+    holds unless the interval lies wholly below 0."""
+    if result is None:
+        return "fewer than 2 seeds"
+    _, _, (lo, hi) = result
+    if want == "not below":
+        return "does not hold" if hi < 0 else "holds"
+    good, bad = (lo > 0, hi < 0) if want == "above" else (hi < 0, lo > 0)
+    return "holds" if good else "reversed" if bad else "not resolved"
+
+
+def best_dynamic(study: dict, seeds=("0", "1", "2")) -> str | None:
+    """The dynamic-clip schedule with the highest mean final avg@k over seeds 0-2 (a tie goes to ID)."""
+    means = {}
+    for name in ("grpo_dyn_id", "grpo_dyn_did", "grpo_dyn_od"):
+        finals = [study[name][s]["final_acc"] for s in seeds if s in study.get(name, {}) and study[name][s].get("final_acc") is not None]
+        if len(finals) == len(seeds):
+            means[name] = sum(finals) / len(finals)
+    return max(means, key=lambda n: (means[n], n == "grpo_dyn_id")) if means else None
+
+
+# (claim, comparison, configuration a, b or None, the per-run number, what the paper predicts). a - b paired by seed;
+# with b None, the number over a's seeds.
+def final(run):
+    return run.get("final_acc")
+
+
+def last10(run):
+    return run.get("entropy_last10")
+
+
+RULES = [
+    ("1: a larger beta1 lowers entropy", "(0.5, 1) - (0, 1)", "ce_gppo_0.5_1", "ce_gppo_0_1", last10, "below"),
+    ("1: a larger beta1 lowers entropy", "(1, 0.5) - (0.5, 1)", "ce_gppo_1_0.5", "ce_gppo_0.5_1", last10, "below"),
+    ("1: a larger beta2 keeps entropy higher", "(1, 1) - (1, 0.5)", "gppo", "ce_gppo_1_0.5", last10, "above"),
+    ("2: (1, 0.5) collapses entropy", "(1, 0.5) - PPO-clip", "ce_gppo_1_0.5", "ppo_clip", last10, "below"),
+    ("2: (1, 0.5) lowers accuracy", "(1, 0.5) - (0.5, 1), final avg@k", "ce_gppo_1_0.5", "ce_gppo_0.5_1", final, "below"),
+    ("2: (0.5, 1) keeps entropy stable", "(0.5, 1): last-10 - first-10 entropy", "ce_gppo_0.5_1", None, entropy_change, "not below"),
+    *[("3: CE-GPPO (0.5, 1) ends above " + b, f"(0.5, 1) - {b}, final avg@k", "ce_gppo_0.5_1", b, final, "above")
+      for b in ("grpo", "dapo", "cispo", "gspo", "entropy_0.001", "entropy_0.003")],
+    ("4: an entropy bonus of 0.001 does not stop the fall", "entropy_0.001: last-10 - first-10 entropy", "entropy_0.001", None,
+     entropy_change, "below"),
+    *[(f"5: {n} keeps entropy higher than GRPO", f"{n} - grpo, last-10 entropy", n, "grpo", last10, "above")
+      for n in ("grpo_dyn_id", "grpo_dyn_did", "grpo_dyn_od")],
+    *[(f"5: {n} without losing accuracy", f"{n} - grpo, final avg@k", n, "grpo", final, "not below")
+      for n in ("grpo_dyn_id", "grpo_dyn_did", "grpo_dyn_od")],
+]
+# Also reported, not in the protocol (so not a verdict on a claim): beta1 at a fixed beta2 = 1.
+EXPLORATORY = [
+    ("beta1 0.5 -> 0.75 at beta2 1", "(0.75, 1) - (0.5, 1)", "ce_gppo_0.75_1", "ce_gppo_0.5_1", last10, "below"),
+    ("beta1 0.5 -> 1 at beta2 1", "(1, 1) - (0.5, 1)", "gppo", "ce_gppo_0.5_1", last10, "below"),
+]
+# The designed trajectories (claim 5): window means of entropy, on fractions of the run (T = 200: steps 1-20,
+# 81-100, 101-120, 181-200), each an inequality between two windows.
+W = {"1-20": (0.0, 0.1), "81-100": (0.4, 0.5), "101-120": (0.5, 0.6), "181-200": (0.9, 1.0)}
+TRAJECTORIES = {"grpo_dyn_id": [("81-100", ">", "1-20"), ("181-200", "<", "81-100")],
+                "grpo_dyn_did": [("81-100", "<", "1-20"), ("101-120", ">", "81-100"), ("181-200", "<", "101-120")]}
+
+
+def od_switches(run) -> int:
+    states = [r["od_state"] for r in run["steps"] if r.get("od_state") is not None]
+    return sum(a != b for a, b in zip(states, states[1:]))
+
+
+def verdicts(study: dict) -> str:
+    """Every claim's comparison as the protocol reads it, as a markdown page."""
+    def cell(result, scale):
+        if result is None:
+            return "n/a", "-"
+        n, mean, (lo, hi) = result
+        return f"{scale * mean:+.{1 if scale == 100 else 4}f} [{scale * lo:+.{1 if scale == 100 else 4}f}, {scale * hi:+.{1 if scale == 100 else 4}f}]", str(n)
+
+    def rows(rules):
+        out = []
+        for claim, what, a, b, key, want in rules:
+            result = paired(study, a, b, key) if b else over_seeds(study, a, key)
+            text, n = cell(result, 100 if key is final else 1)
+            out.append(f"| {claim} | {what} | {n} | {text} | {want} 0 | **{judge(result, want)}** |")
+        return out
+
+    head = ["| claim | comparison (accuracy in points, entropy in nats/token) | seeds | mean [95% CI] | predicted | verdict |",
+            "|---|---|---|---|---|---|"]
+    lines = ["Paired by seed; 95% t-intervals over seeds; no correction for multiple comparisons.", "", *head, *rows(RULES)]
+    runs = study.get("entropy_0.003", {}).values()
+    first = [r["entropy_first10"] for r in runs if r.get("entropy_first10") is not None]
+    last = [r["entropy_last10"] for r in runs if r.get("entropy_last10") is not None]
+    if first and last:
+        ratio = (sum(last) / len(last)) / (sum(first) / len(first))
+        lines.append(f"| 4: an entropy bonus of 0.003 explodes | entropy_0.003: mean last-10 / first-10 entropy | {len(last)} | "
+                     f"{ratio:.2f} | > 1.5 | **{'holds' if ratio > 1.5 else 'does not hold'}** |")
+    for name, checks in TRAJECTORIES.items():
+        runs = list(study.get(name, {}).values())
+        if not runs:
+            continue
+        mean = {w: [window_entropy(r, *W[w]) for r in runs] for w in W}
+        mean = {w: sum(v) / len(v) if None not in v else None for w, v in mean.items()}
+        ok = [mean[x] is not None and mean[y] is not None and (mean[x] > mean[y] if op == ">" else mean[x] < mean[y])
+              for x, op, y in checks]
+        per_run = sum(all((window_entropy(r, *W[x]) or 0) > (window_entropy(r, *W[y]) or 0) if op == ">"
+                          else (window_entropy(r, *W[x]) or 0) < (window_entropy(r, *W[y]) or 0) for x, op, y in checks)
+                      for r in runs)
+        shape = ", ".join(f"{w} {mean[w]:.4f}" for w in W if mean[w] is not None)
+        lines.append(f"| 5: {name} follows its designed trajectory | seed-mean entropy of steps {shape} | {len(runs)} | "
+                     f"{per_run} of {len(runs)} runs alone | {'; '.join(f'{x} {op} {y}' for x, op, y in checks)} | "
+                     f"**{'holds' if all(ok) else 'does not hold'}** |")
+    od = list(study.get("grpo_dyn_od", {}).values())
+    if od:
+        switches = [od_switches(r) for r in od]
+        lines.append(f"| 5: grpo_dyn_od oscillates | switches of od_state per run: {switches} | {len(od)} | "
+                     f"{sum(s >= 2 for s in switches)} of {len(od)} runs | >= 2 switches | "
+                     f"**{'holds' if all(s >= 2 for s in switches) else 'does not hold'}** |")
+    best = best_dynamic(study)
+    lines += ["", f"The best dynamic-clip schedule (highest mean final avg@k over seeds 0-2): {best or 'not yet known'}.",
+              "", "Also reported, not part of the protocol's claims:", "", *head, *rows(EXPLORATORY)]
+    return "\n".join(lines)
+
+
 # The paper's figures on this task: (file, title, configurations, metrics). Configurations not run are left out.
 FIGURES = [
     ("entropy-betas.png", "entropy under CE-GPPO's (beta1, beta2) (paper Fig. 3-4)",
@@ -238,6 +391,8 @@ def main():
     table = table1(study)
     with open(os.path.join(figures, "table1.md"), "w") as f:
         f.write(table + "\n")
+    with open(os.path.join(figures, "verdicts.md"), "w") as f:
+        f.write(verdicts(study) + "\n")
     written = draw_figures(study, figures)
     print(table)
     print(f"[study] total {time.time() - start:.0f}s; table and figures in {figures}: {', '.join(map(os.path.basename, written))}")

@@ -47,7 +47,8 @@ def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
     """Two runs, the second with fewer configs: every config's numbers are a function of the batch and the seeds
     alone, not of which other configs ran beside it."""
     outputs, printed = [], []
-    for i, configs in enumerate(("ppo_clip,ppo_clip_repeat,ce_gppo_1_1,gppo,entropy_0.003", "ppo_clip,gppo")):
+    for i, configs in enumerate(("ppo_clip,ppo_clip_repeat,ce_gppo_1_1,gppo,entropy_0.003,grpo,adaptive_entropy,grpo_kl_0.04,"
+                                 "dapo,top_entropy_0.2", "ppo_clip,gppo")):
         out = tmp_path / f"run{i}.json"
         done = subprocess.run([sys.executable, "tools/mechanism.py", "--preset", "tiny", "--batches", "2", "--probe-prompts", "4",
                                "--fresh-prompts", "4", "--configs", configs, "--output", str(out),
@@ -70,22 +71,11 @@ def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
     assert set(first["gppo"]) >= {"dH_mean", "dH_vs_ppo_mean", "dH_vs_ppo_ci95", "n"}
     assert first["settings"]["train_flags"] == ["--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "4"]
     assert first["entropy_0.003"]["predicted_by_region_mean"]["entropy_bonus"] != 0.0  # the bonus path ran
+    # the other papers' methods: the KL penalty gets its frozen reference, and adaptive entropy's first step has no
+    # previous entropy, so no bonus: it equals GRPO exactly; each is also paired against its base algorithm
+    assert first["adaptive_entropy"]["dH_vs_grpo"] == [0.0, [0.0, 0.0]] and first["grpo"]["dH_vs_grpo"] == [0.0, [0.0, 0.0]]
+    assert "dH_vs_dapo" in first["top_entropy_0.2"] and "dH_vs_dapo" not in second["gppo"]
+    assert all(r["configs"][c]["optimizer_steps"] > 0 for r in first["records"] for c in ("grpo_kl_0.04", "top_entropy_0.2"))
+    assert any(r["configs"]["top_entropy_0.2"]["dH"] != r["configs"]["dapo"]["dH"] for r in first["records"])
+    assert "dH - grpo [95% CI]: ppo_clip" in printed[0] and "dH - grpo" not in printed[1]
 
-
-def test_the_other_papers_methods_run_paired(tmp_path, tiny_model_path):
-    """The entropy-control methods of issue 27 in the paired step: the KL penalty gets its frozen reference, and
-    adaptive entropy's first step applies no bonus (no previous entropy), so it equals GRPO exactly."""
-    out = tmp_path / "other.json"
-    configs = "ppo_clip,grpo,dapo,adaptive_entropy,grpo_kl_0.04,top_entropy_0.2,sapo"
-    done = subprocess.run([sys.executable, "tools/mechanism.py", "--preset", "tiny", "--batches", "2", "--probe-prompts", "4",
-                           "--fresh-prompts", "4", "--configs", configs, "--output", str(out), "--gen-prompts", "8",
-                           "--train-prompts", "8", "--mini-batch-prompts", "4", "--lr", "1e-3"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
-    assert result["adaptive_entropy"]["dH_vs_grpo"] == [0.0, [0.0, 0.0]]
-    assert result["grpo"]["dH_vs_grpo"] == [0.0, [0.0, 0.0]] and "dH_vs_dapo" in result["top_entropy_0.2"]
-    for name in ("grpo_kl_0.04", "top_entropy_0.2", "sapo"):
-        assert all(r["configs"][name]["optimizer_steps"] > 0 for r in result["records"])
-    assert any(r["configs"]["top_entropy_0.2"]["dH"] != r["configs"]["dapo"]["dH"] for r in result["records"])
-    assert "dH - grpo [95% CI]: ppo_clip" in done.stdout

@@ -30,6 +30,12 @@ def test_a_two_step_study_runs_resumes_and_reports(tmp_path, tiny_model_path):
     assert (tmp_path / "fig" / "payoff.png").stat().st_size > 10_000
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)  # finished runs are skipped
     assert again.returncode == 0 and again.stdout.count("done already") == 2
+    longer = [("3" if a == "2" and cmd[i - 1] == "--steps" else a) for i, a in enumerate(cmd)] + ["--plot-only"]
+    redrawn = subprocess.run(longer, cwd=ROOT, capture_output=True, text=True, timeout=300)  # a 3-step study: unfinished
+    assert redrawn.returncode == 0, redrawn.stderr[-2000:]
+    table = (tmp_path / "fig" / "table1.md").read_text()
+    assert "| grpo |" not in table and "Not finished (left out above): grpo seed 0 (2 steps), ppo_clip seed 0 (2 steps)." in table
+    assert "fewer than 2 seeds" in (tmp_path / "fig" / "verdicts.md").read_text()
     bad = subprocess.run(cmd[:2] + ["--configs", "grpo,nope"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown config(s) ['nope']" in bad.stderr
 

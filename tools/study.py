@@ -388,11 +388,17 @@ def main():
     if args.no_plot:
         return
     os.makedirs(figures, exist_ok=True)
-    table = table1(study)
+    # the table and the verdicts read finished runs only (an unfinished run's last evaluation is not its final one)
+    finished = {n: {s: r for s, r in runs.items() if r["steps_done"] >= args.steps} for n, runs in study.items()}
+    unfinished = [f"{n} seed {s} ({r['steps_done']} steps)" for n, runs in study.items() for s, r in runs.items()
+                  if r["steps_done"] < args.steps]
+    table = table1({n: runs for n, runs in finished.items() if runs})
+    if unfinished:
+        table += f"\n\nNot finished (left out above): {', '.join(unfinished)}."
     with open(os.path.join(figures, "table1.md"), "w") as f:
         f.write(table + "\n")
     with open(os.path.join(figures, "verdicts.md"), "w") as f:
-        f.write(verdicts(study) + "\n")
+        f.write(verdicts(finished) + "\n")
     written = draw_figures(study, figures)
     print(table)
     print(f"[study] total {time.time() - start:.0f}s; table and figures in {figures}: {', '.join(map(os.path.basename, written))}")

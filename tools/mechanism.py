@@ -277,10 +277,9 @@ def summarise(records, configs):
     out = {}
     for name in configs:
         dh = [r["configs"][name]["dH"] for r in records]
-        diff = [r["configs"][name]["dH"] - r["configs"]["ppo_clip"]["dH"] for r in records]
         fresh_diff = [r["configs"][name]["dH_fresh"] - r["configs"]["ppo_clip"]["dH_fresh"] for r in records]
         pred_diff = [r["configs"][name]["predicted"] - r["configs"]["ppo_clip"]["predicted"] for r in records]
-        mean_diff, ci = mean_ci(diff)
+        mean_diff, ci = paired(records, name, "ppo_clip")
         fresh_mean, fresh_ci = mean_ci(fresh_diff)
         out[name] = {
             "dH_mean": sum(dh) / len(dh), "dH_vs_ppo_mean": mean_diff, "dH_vs_ppo_ci95": ci, "n": len(dh),

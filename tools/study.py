@@ -134,10 +134,9 @@ def table1(study: dict, baseline: str = "grpo") -> str:
 
 # --- the verdicts, by the rules of docs/study-protocol.md ---------------------------------------------------------
 
-def paired(study: dict, a: str, b: str, key) -> tuple | None:
-    """a - b of a per-run number (a key, or a function of the run), on the seeds both ran: (n, mean, [lo, hi]) with
+def paired(study: dict, a: str, b: str, value) -> tuple | None:
+    """a - b of a per-run number (value: run -> number or None), on the seeds both ran: (n, mean, [lo, hi]) with
     the 95% t-interval over seeds; None with fewer than 2 such seeds."""
-    value = key if callable(key) else (lambda run: run.get(key))
     seeds = [s for s in study.get(a, {}) if s in study.get(b, {})
              and value(study[a][s]) is not None and value(study[b][s]) is not None]
     if len(seeds) < 2:
@@ -226,6 +225,12 @@ TRAJECTORIES = {"grpo_dyn_id": [("81-100", ">", "1-20"), ("181-200", "<", "81-10
                 "grpo_dyn_did": [("81-100", "<", "1-20"), ("101-120", ">", "81-100"), ("181-200", "<", "101-120")]}
 
 
+def follows(windows: dict, checks) -> bool:
+    """Whether window means ({window: entropy or None}) satisfy every (x, ">" or "<", y) of a designed trajectory."""
+    return all(windows[x] is not None and windows[y] is not None and (windows[x] > windows[y] if op == ">" else windows[x] < windows[y])
+               for x, op, y in checks)
+
+
 def od_switches(run) -> int:
     states = [r["od_state"] for r in run["steps"] if r.get("od_state") is not None]
     return sum(a != b for a, b in zip(states, states[1:]))
@@ -261,17 +266,13 @@ def verdicts(study: dict) -> str:
         runs = list(study.get(name, {}).values())
         if not runs:
             continue
-        mean = {w: [window_entropy(r, *W[w]) for r in runs] for w in W}
-        mean = {w: sum(v) / len(v) if None not in v else None for w, v in mean.items()}
-        ok = [mean[x] is not None and mean[y] is not None and (mean[x] > mean[y] if op == ">" else mean[x] < mean[y])
-              for x, op, y in checks]
-        per_run = sum(all((window_entropy(r, *W[x]) or 0) > (window_entropy(r, *W[y]) or 0) if op == ">"
-                          else (window_entropy(r, *W[x]) or 0) < (window_entropy(r, *W[y]) or 0) for x, op, y in checks)
-                      for r in runs)
+        each = [{w: window_entropy(r, *W[w]) for w in W} for r in runs]
+        mean = {w: None if any(e[w] is None for e in each) else sum(e[w] for e in each) / len(each) for w in W}
+        per_run = sum(follows(e, checks) for e in each)
         shape = ", ".join(f"{w} {mean[w]:.4f}" for w in W if mean[w] is not None)
         lines.append(f"| 5: {name} follows its designed trajectory | seed-mean entropy of steps {shape} | {len(runs)} | "
                      f"{per_run} of {len(runs)} runs alone | {'; '.join(f'{x} {op} {y}' for x, op, y in checks)} | "
-                     f"**{'holds' if all(ok) else 'does not hold'}** |")
+                     f"**{'holds' if follows(mean, checks) else 'does not hold'}** |")
     od = list(study.get("grpo_dyn_od", {}).values())
     if od:
         switches = [od_switches(r) for r in od]

@@ -38,6 +38,9 @@ def test_a_two_step_study_runs_resumes_and_reports(tmp_path, tiny_model_path):
     assert "fewer than 2 seeds" in (tmp_path / "fig" / "verdicts.md").read_text()
     bad = subprocess.run(cmd[:2] + ["--configs", "grpo,nope"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown config(s) ['nope']" in bad.stderr
+    missing = subprocess.run(cmd + ["--plot-only", "--mechanism", str(tmp_path / "none.json")], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
+    assert missing.returncode == 2 and "--mechanism: no such file" in missing.stderr
 
 
 def test_table1_pairs_by_seed():
@@ -83,3 +86,24 @@ def test_verdicts_read_the_intervals_as_the_protocol_says():
     assert any("grpo_dyn_od oscillates" in x and "[4, 4, 4]" in x and x.endswith("**holds** |") for x in lines)
     assert study.best_dynamic(study_dict) == "grpo_dyn_id"  # ID and OD tie on accuracy: ID
     assert study.judge((3, -0.1, [-0.2, -0.01]), "above") == "reversed"
+
+
+def test_step_vs_run_sets_the_one_step_signs_beside_the_runs():
+    def runs(lasts):
+        return {str(s): {"entropy_last10": e, "steps_done": 200} for s, e in enumerate(lasts)}
+
+    study_dict = {"ppo_clip": runs([0.10, 0.11, 0.12]),
+                  "up": runs([0.12, 0.13, 0.14]),         # +0.02 on every seed: resolved above 0
+                  "down": runs([0.09, 0.12, 0.10]),       # -0.01, +0.01, -0.02: not resolved, mean below 0
+                  "no_step": runs([0.2, 0.2, 0.2])}       # not in the one-step experiment: left out
+    mechanism = {"up": {"dH_vs_ppo_mean": 1e-4, "dH_vs_ppo_ci95": [5e-5, 1.5e-4], "n": 30},
+                 "down": {"dH_vs_ppo_mean": 2e-5, "dH_vs_ppo_ci95": [-1e-5, 5e-5], "n": 30},
+                 "ppo_clip": {"dH_vs_ppo_mean": 0.0, "dH_vs_ppo_ci95": [0.0, 0.0], "n": 30}}
+    table = study.step_vs_run(study_dict, mechanism)
+    row = {line.split(" | ")[0][2:]: line for line in table.splitlines()[2:]}
+    assert set(row) == {"up", "down"}
+    assert "+0.00010 [+0.00005, +0.00015] (30)" in row["up"] and "+0.02000 [+0.02000, +0.02000] (3)" in row["up"]
+    assert row["up"].endswith("| agree | yes |")
+    assert row["down"].endswith("| differ | no |")  # one step raises (mean), the run ends lower (mean)
+    assert study.step_vs_run(study_dict, {}) == ""
+    assert "Does the one-step mechanism predict the run?" in study.verdicts(study_dict, mechanism)

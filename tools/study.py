@@ -236,8 +236,9 @@ def od_switches(run) -> int:
     return sum(a != b for a, b in zip(states, states[1:]))
 
 
-def verdicts(study: dict) -> str:
-    """Every claim's comparison as the protocol reads it, as a markdown page."""
+def verdicts(study: dict, mechanism: dict | None = None) -> str:
+    """Every claim's comparison as the protocol reads it, as a markdown page; with the one-step experiment's JSON,
+    also whether its signs predict the runs' (step_vs_run)."""
     def cell(result, scale):
         if result is None:
             return "n/a", "-"
@@ -282,7 +283,34 @@ def verdicts(study: dict) -> str:
     best = best_dynamic(study)
     lines += ["", f"The best dynamic-clip schedule (highest mean final avg@k over seeds 0-2): {best or 'not yet known'}.",
               "", "Also reported, not part of the protocol's claims:", "", *head, *rows(EXPLORATORY)]
+    table = step_vs_run(study, mechanism or {})
+    if table:
+        lines += ["", "Does the one-step mechanism predict the run? (tools/mechanism.py from the same warm start; 95% "
+                  "t-intervals, over batches for one step and over seeds for the run)", "", table]
     return "\n".join(lines)
+
+
+def step_vs_run(study: dict, mechanism: dict, reference: str = "ppo_clip") -> str:
+    """The protocol's question for the one-step experiment: does the sign of a configuration's one-step entropy effect
+    (mechanism.py, paired by batch, against PPO-clip) match the sign of its entropy over the run (last-10 entropy,
+    paired by seed, against PPO-clip)? Configurations in both, as a markdown table."""
+    def cell(mean, lo, hi):
+        return f"{mean:+.5f} [{lo:+.5f}, {hi:+.5f}]"
+
+    lines = ["| config | one step: dH - PPO-clip (batches) | over the run: last-10 entropy - PPO-clip (seeds) | "
+             "signs of the means | both intervals exclude 0 |", "|---|---|---|---|---|"]
+    for name in study:
+        step = mechanism.get(name, {})
+        run = paired(study, name, reference, last10)
+        if name == reference or "dH_vs_ppo_ci95" not in step or run is None:
+            continue
+        mean, (lo, hi) = step["dH_vs_ppo_mean"], step["dH_vs_ppo_ci95"]
+        n, run_mean, (run_lo, run_hi) = run
+        agree = "agree" if (mean > 0) == (run_mean > 0) else "differ"
+        resolved = (lo > 0 or hi < 0) and (run_lo > 0 or run_hi < 0)
+        lines.append(f"| {name} | {cell(mean, lo, hi)} ({step['n']}) | {cell(run_mean, run_lo, run_hi)} ({n}) | {agree} | "
+                     f"{'yes' if resolved else 'no'} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 # The paper's figures on this task: (file, title, configurations, metrics). Configurations not run are left out.
@@ -360,6 +388,8 @@ def main():
     parser.add_argument("--root", default=os.path.join(ROOT, "runs", "study"), help="where the runs go")
     parser.add_argument("--figures", default=None, help="where figures and the table go (default: docs/figures/study-<preset>)")
     parser.add_argument("--json", default=None, help="the study's JSON, updated with the runs found (default: docs/figures/study-<preset>.json)")
+    parser.add_argument("--mechanism", default=None, help="the one-step experiment's JSON, set beside the runs "
+                        "(default: docs/figures/mechanism-<preset>-warm.json, where it exists)")
     parser.add_argument("--plot-only", action="store_true", help="only redraw from existing runs")
     parser.add_argument("--no-plot", action="store_true", help="only run, do not draw")
     parser.add_argument("--parallel", type=int, default=1, help="runs at once (each gets cores / parallel threads)")
@@ -376,6 +406,8 @@ def main():
     start = time.time()
     if args.parallel < 1:
         parser.error("--parallel must be >= 1")
+    if args.mechanism and not os.path.isfile(args.mechanism):
+        parser.error(f"--mechanism: no such file {args.mechanism}")
     if not args.plot_only:
         jobs = [(name, seed) for seed in seeds for name in names]  # seed-major: an interrupted study has whole seeds first
         threads = max(1, (os.cpu_count() or 1) // args.parallel) if args.parallel > 1 else None
@@ -399,7 +431,8 @@ def main():
     with open(os.path.join(figures, "table1.md"), "w") as f:
         f.write(table + "\n")
     with open(os.path.join(figures, "verdicts.md"), "w") as f:
-        f.write(verdicts(finished) + "\n")
+        mechanism = args.mechanism or os.path.join(ROOT, "docs", "figures", f"mechanism-{args.preset}-warm.json")
+        f.write(verdicts(finished, json.load(open(mechanism)) if os.path.exists(mechanism) else None) + "\n")
     written = draw_figures(study, figures)
     print(table)
     print(f"[study] total {time.time() - start:.0f}s; table and figures in {figures}: {', '.join(map(os.path.basename, written))}")

@@ -421,7 +421,7 @@ def main():
     if args.no_plot:
         return
     os.makedirs(figures, exist_ok=True)
-    # the table and the verdicts read finished runs only (an unfinished run's last evaluation is not its final one)
+    # the table, the verdicts and the figures read finished runs only (an unfinished run's last evaluation is not its final one)
     finished = {n: {s: r for s, r in runs.items() if r["steps_done"] >= args.steps} for n, runs in study.items()}
     unfinished = [f"{n} seed {s} ({r['steps_done']} steps)" for n, runs in study.items() for s, r in runs.items()
                   if r["steps_done"] < args.steps]
@@ -433,7 +433,7 @@ def main():
     with open(os.path.join(figures, "verdicts.md"), "w") as f:
         mechanism = args.mechanism or os.path.join(ROOT, "docs", "figures", f"mechanism-{args.preset}-warm.json")
         f.write(verdicts(finished, json.load(open(mechanism)) if os.path.exists(mechanism) else None) + "\n")
-    written = draw_figures(study, figures)
+    written = draw_figures({n: runs for n, runs in finished.items() if runs}, figures)  # means over whole runs only
     print(table)
     print(f"[study] total {time.time() - start:.0f}s; table and figures in {figures}: {', '.join(map(os.path.basename, written))}")
 

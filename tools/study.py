@@ -423,17 +423,19 @@ def main():
     os.makedirs(figures, exist_ok=True)
     # the table, the verdicts and the figures read finished runs only (an unfinished run's last evaluation is not its final one)
     finished = {n: {s: r for s, r in runs.items() if r["steps_done"] >= args.steps} for n, runs in study.items()}
+    finished = {n: runs for n, runs in finished.items() if runs}
     unfinished = [f"{n} seed {s} ({r['steps_done']} steps)" for n, runs in study.items() for s, r in runs.items()
                   if r["steps_done"] < args.steps]
-    table = table1({n: runs for n, runs in finished.items() if runs})
+    table = table1(finished)
     if unfinished:
         table += f"\n\nNot finished (left out above): {', '.join(unfinished)}."
     with open(os.path.join(figures, "table1.md"), "w") as f:
         f.write(table + "\n")
+    mechanism = args.mechanism or os.path.join(ROOT, "docs", "figures", f"mechanism-{args.preset}-warm.json")
+    mechanism = json.load(open(mechanism)) if os.path.exists(mechanism) else None
     with open(os.path.join(figures, "verdicts.md"), "w") as f:
-        mechanism = args.mechanism or os.path.join(ROOT, "docs", "figures", f"mechanism-{args.preset}-warm.json")
-        f.write(verdicts(finished, json.load(open(mechanism)) if os.path.exists(mechanism) else None) + "\n")
-    written = draw_figures({n: runs for n, runs in finished.items() if runs}, figures)  # means over whole runs only
+        f.write(verdicts(finished, mechanism) + "\n")
+    written = draw_figures(finished, figures)  # means over whole runs only
     print(table)
     print(f"[study] total {time.time() - start:.0f}s; table and figures in {figures}: {', '.join(map(os.path.basename, written))}")
 

@@ -431,8 +431,8 @@ def main():
         table += f"\n\nNot finished (left out above): {', '.join(unfinished)}."
     with open(os.path.join(figures, "table1.md"), "w") as f:
         f.write(table + "\n")
-    mechanism = args.mechanism or os.path.join(ROOT, "docs", "figures", f"mechanism-{args.preset}-warm.json")
-    mechanism = json.load(open(mechanism)) if os.path.exists(mechanism) else None
+    mechanism_path = args.mechanism or os.path.join(ROOT, "docs", "figures", f"mechanism-{args.preset}-warm.json")
+    mechanism = json.load(open(mechanism_path)) if os.path.exists(mechanism_path) else None
     with open(os.path.join(figures, "verdicts.md"), "w") as f:
         f.write(verdicts(finished, mechanism) + "\n")
     written = draw_figures(finished, figures)  # means over whole runs only

@@ -88,7 +88,7 @@ def test_kl_penalty_and_adaptive_entropy_run_and_resume_exactly(tmp_path, tiny_m
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     # target 1 nat: above the tiny model's entropy, so the coefficient rises by 0.005 a step from 0.01
     flags = ["--algo", "grpo", "--kl-coef", "0.04", "--adaptive-entropy", "--entropy-coef", "0.01",
-             "--entropy-target", "1.0", "--max-steps", "4", "--save-every", "2", "--lr", "1e-3"]
+             "--entropy-target", "1.0", "--max-steps", "4", "--save-every", "2", "--lr", "3e-4", "--sampler", "hf"]
     run_train(straight, *flags)
     rows = read_metrics(straight)
     # step 1 has no previous entropy (no bonus); then c_k = 0.01 + 0.005 k while entropy <= the target
@@ -495,7 +495,7 @@ def test_evaluation_from_step_0_and_checkpoints_evaluable_as_they_are(tmp_path, 
     """--eval-before-train logs the starting weights' avg@k as step 0; every evaluation's generations land in eval/;
     a checkpoint folder is a --model for evaluate.py (exported once into its hf/ folder) and for runfolder.py export."""
     out = run_train(tmp_path / "run", "--max-steps", "2", "--save-every", "2", "--eval-every", "2", "--eval-before-train",
-                    "--eval-data", "arith")
+                    "--eval-data", "arith", "--sampler", "hf")  # bookkeeping here; evaluation on vLLM in test_distributed
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [0, 1, 2] and set(rows[0]) == {"step", "eval_acc", "eval_seed"}
     assert "eval_acc" in rows[2] and "held-out avg@k: step 0" in out.stdout

@@ -552,7 +552,10 @@ def _extra_terms(pg_loss, logp, mask, cfg, totals, entropy, correct, ref_logp):
     if cfg.entropy_coef:  # entropy regularisation (the paper's §4 baseline): maximise the mean entropy
         if entropy is None or not entropy.requires_grad:
             raise ValueError("entropy_coef needs the per-token entropy with its gradient (entropy=...)")
-        bonus = aggregate(entropy, mask, cfg.loss_agg_mode, totals, cfg.norm_len)
+        # verl aggregates the bonus like the policy term; Skywork-OR1's adaptive control (and TRL's) takes a plain
+        # token mean whatever the loss type, the same mean its controller measures
+        mode = "token-mean" if cfg.adaptive_entropy else cfg.loss_agg_mode
+        bonus = aggregate(entropy, mask, mode, totals, cfg.norm_len)
         loss, terms["entropy_bonus"] = loss - cfg.entropy_coef * bonus, bonus
     if cfg.positive_lm_coef:
         if correct is None:

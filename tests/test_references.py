@@ -165,6 +165,12 @@ TRL = {
     # adaptive entropy: a coefficient of 0.3 applied (the last entropy 0.1 is below the 0.2 target), token-mean
     "adaptive_applied": (dict(loss_type="dapo", eps=(0.2, 0.28), entropy_coef=0.3, adaptive=True, last_entropy=0.1),
                          L.loss_config("dapo", adaptive_entropy=True, entropy_coef=0.3), dict(entropy_grad=True)),
+    # ... under per-response losses too: the bonus is a plain token mean whatever the policy term's aggregation
+    "adaptive_applied_grpo": (dict(loss_type="grpo", entropy_coef=0.3, adaptive=True, last_entropy=0.1),
+                              L.loss_config("grpo", adaptive_entropy=True, entropy_coef=0.3), dict(entropy_grad=True)),
+    "adaptive_applied_sapo": (dict(loss_type="sapo", taus=(1.0, 1.25), entropy_coef=0.3, adaptive=True, last_entropy=0.1),
+                              L.loss_config("sapo", tau_neg=1.25, adaptive_entropy=True, entropy_coef=0.3),
+                              dict(entropy_grad=True)),
     # ... and not applied (the last entropy 0.25 is above the target)
     "adaptive_idle": (dict(loss_type="dapo", eps=(0.2, 0.28), entropy_coef=0.3, adaptive=True, last_entropy=0.25),
                       L.loss_config("dapo", adaptive_entropy=True, entropy_coef=0.0), dict(entropy_grad=True)),
@@ -172,6 +178,8 @@ TRL = {
 TRL_NUMBERS = {}
 TRL_NUMBERS.update({  # TRL 1.16.0 GRPOTrainer._compute_loss, on batch()
     'adaptive_applied': [0.2464495625361251, 0.8179527620057273, 8.210357817047298, 0.3, -3.7857142857142856],
+    'adaptive_applied_grpo': [0.09009276645699776, 0.7904983133132324, 7.611197137243327, 0.3, -3.7857142857142856],
+    'adaptive_applied_sapo': [-0.03845754319328737, 1.1306195174494742, 7.577077630192534, 0.3, -3.7857142857142856],
     'adaptive_idle': [0.6155985837018366, 0.8179527620057273, 8.210357817047298, 0.0, 0.0],
     'kl_k3_grpo': [0.3038090369014439, 1.051063522129612, 7.456509722930282],
     'sapo': [0.5385628170073982, 1.1527524086365601, 7.870356002693207],

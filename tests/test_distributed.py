@@ -66,7 +66,15 @@ D.end_process()
 '''
 
 
+def enough_devices(nproc):
+    """Ranks run on CPUs with gloo, or one GPU each with NCCL: where a GPU answers, a test with more ranks than GPUs
+    skips (a rank would ask for a device that is not there)."""
+    if torch.cuda.is_available() and torch.cuda.device_count() < nproc:
+        pytest.skip(f"{nproc} ranks need {nproc} GPUs here; {torch.cuda.device_count()} answer")
+
+
 def torchrun(nproc, *argv, timeout=600):
+    enough_devices(nproc)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *argv]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
@@ -198,3 +206,22 @@ def test_each_rank_engine_samples_from_the_sharded_policy_after_sync(tmp_path, t
         assert len(result["want"]) == prompts
         assert result["stale"] != result["want"]  # the engine had the old weights
         assert result["synced"] == result["want"]
+
+
+def test_more_ranks_than_held_out_problems(tmp_path, tiny_model_path):
+    """2 ranks evaluating a 1-problem file before training: rank 1's share is empty; it samples nothing, adds (0, 0)
+    to the reduction and keeps FSDP's collectives in step (HF generate on the sharded model decodes a stand-in), so
+    eval_acc is rank 0's one problem."""
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"problem": "Compute 2 + 3.", "answer": "5"}) + "\n")
+    run = tmp_path / "run"
+    out = torchrun(2, "train.py", "--preset", "tiny", "--gen-prompts", "2", "--train-prompts", "2", "--n", "2",
+                   "--mini-batch-prompts", "2", "--max-steps", "1", "--eval-data", str(one), "--eval-before-train",
+                   "--eval-every", "1", "--sampler", "hf", "--log-samples-every", "0", "--output-dir", str(run))
+    assert "ranks: 2" in out.stdout
+    rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [0, 1] and all("eval_acc" in r for r in rows)
+    for step, row in zip((0, 1), rows):
+        records = [json.loads(line) for line in open(run / "eval" / f"step_{step:06d}.rank0.jsonl")]
+        assert len(records) == 1 and row["eval_acc"] == pytest.approx(sum(records[0]["correct"]) / len(records[0]["correct"]))
+        assert (run / "eval" / f"step_{step:06d}.rank1.jsonl").read_text() == ""  # rank 1 held no problem

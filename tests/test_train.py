@@ -529,7 +529,7 @@ STALE = {  # a weight sync made to fail on purpose: the vLLM engine ignores it; 
 def test_a_stale_sampler_stops_the_run_with_one_line(sampler, tmp_path, tiny_model_path):
     """Step 1 samples from the loaded weights (in sync); after its update the sampler keeps the old ones, and a later
     step's check stops the run: exit code 1, one line naming the problem, the earlier steps' checkpoints and metrics
-    intact."""
+    intact. vLLM's engine tensors are compared exactly, so it stops at step 2; HF's copy only by the probe."""
     if sampler == "vllm":
         from conftest import vllm_or_skip
         vllm_or_skip()
@@ -543,5 +543,7 @@ def test_a_stale_sampler_stops_the_run_with_one_line(sampler, tmp_path, tiny_mod
     stopped = int(last.split()[2].rstrip(":"))  # caught once the policy drifted past the tolerance: step 2 or 3
     assert last.startswith(f"train.py: step {stopped}: the sampler (") and "does not hold the trainer's weights" in last
     assert stopped in (2, 3) and "Traceback" not in out.stderr
+    if sampler == "vllm":  # the exact check: the engine's tensors differ from the trainer's right after step 1's update
+        assert stopped == 2 and "its model.embed_tokens.weight, " in last and "differ from the trainer's" in last
     assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, stopped))  # the steps before it are intact
     assert sorted(os.listdir(tmp_path / "checkpoints"))[-1] == f"step_{stopped - 1:06d}"

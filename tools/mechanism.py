@@ -227,7 +227,7 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
     for b in range(batches):
         model.load_state_dict(start_model)
         batch = data.PromptStream(rows, seed=10_000 + b).next_batch(base.gen_prompts)
-        groups = train.sample_groups(sampler, model, tokenizer, batch, base, step=b)
+        groups, _ = train.sample_groups(sampler, model, tokenizer, batch, base, step=b)
         rewards, lengths, _, _ = train.score_groups(groups, base, device)
         correct = rewards == 1.0
         kept, advantages = train.select_groups(rewards, correct, base)

@@ -215,9 +215,10 @@ def test_more_ranks_than_held_out_problems(tmp_path, tiny_model_path):
     one = tmp_path / "one.jsonl"
     one.write_text(json.dumps({"problem": "Compute 2 + 3.", "answer": "5"}) + "\n")
     run = tmp_path / "run"
-    out = torchrun(2, "train.py", "--preset", "tiny", "--gen-prompts", "2", "--train-prompts", "2", "--n", "2",
-                   "--mini-batch-prompts", "2", "--max-steps", "1", "--eval-data", str(one), "--eval-before-train",
-                   "--eval-every", "1", "--sampler", "hf", "--log-samples-every", "0", "--output-dir", str(run))
+    out = torchrun(2, "train.py", "--preset", "tiny", "--gen-prompts", "2", "--train-prompts", "2", "--group-size", "2",
+                   "--mini-batch-prompts", "2", "--micro-batch-size", "4", "--max-steps", "1", "--eval-data", str(one),
+                   "--eval-before-train", "--eval-every", "1", "--sampler", "hf", "--log-samples-every", "0",
+                   "--output-dir", str(run))
     assert "ranks: 2" in out.stdout
     rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1] and all("eval_acc" in r for r in rows)

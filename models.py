@@ -37,3 +37,27 @@ def resolve_model(name: str) -> str:
         if problem:
             raise UserError(problem)
     return name
+
+
+def weights_hash(path: str) -> str | None:
+    """SHA-256 (first 16 hex digits) of a local model folder's weights: every tensor's name, dtype, shape and bytes,
+    in name order, over its .safetensors files. Which warm start a run started from, whatever the file layout or the
+    safetensors metadata. None for a hub id (its revision names it)."""
+    import hashlib
+
+    import torch
+    from safetensors import safe_open
+    if not os.path.isdir(path):
+        return None
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        return None
+    digest, handles = hashlib.sha256(), {}
+    for f in files:
+        handle = safe_open(os.path.join(path, f), framework="pt")
+        handles.update({name: handle for name in handle.keys()})
+    for name in sorted(handles):
+        t = handles[name].get_tensor(name).contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]

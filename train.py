@@ -139,7 +139,8 @@ def start_run(args) -> Run:
     settings = eval_settings(args, log) if evaluating else None
     model_path = models.resolve_model(args.model)
     policy, tokenizer = load_policy(args, model_path, device, [r["prompt"] for r in rows + eval_rows])
-    RF.begin(args.output_dir, args.resume, resume_from, flags.flat_flags(args), RF.run_info(getattr(args, "preset", "")), log)
+    info = {**RF.run_info(getattr(args, "preset", "")), "model_sha256": models.weights_hash(model_path)}  # which warm start
+    RF.begin(args.output_dir, args.resume, resume_from, flags.flat_flags(args), info, log)
     stream = data.PromptStream(rows, args.seed)
     loop = {"od_state": 0, "initial_entropy": None, "step": 0}
     if resume_from:

@@ -1,8 +1,9 @@
-"""The offline tasks' data and verifier (no warm start is built here): splits, worked solutions, lengths."""
+"""The offline tasks' data and verifier, splits, worked solutions, lengths; and a small warm start rebuilt twice."""
 
 import re
 
 import pytest
+import torch
 
 import data
 import reward
@@ -102,3 +103,19 @@ def test_each_task_is_a_training_source_and_a_benchmark(task):
     assert rows and held and all(r["prompt"][0]["role"] == "user" and r["answer"] is not None for r in rows[:50] + held)
     assert not {data.question_of(r) for r in held} & {data.question_of(r) for r in rows}
     assert data.benchmark_defaults(task)["max_tokens"] == tiny.TASKS[task].max_response_len
+
+
+def test_a_warm_start_rebuilt_has_the_same_weights(tmp_path):
+    """The merge warm start (a small step count) built twice from scratch on one machine: the same weights, by the
+    hash train.py records in config.json (models.weights_hash) and study.py checks."""
+    import models
+    cfg = tiny.MergeConfig(sft_steps=6)
+    first = tiny.ensure_merge_model(cache_dir=str(tmp_path / "a"), cfg=cfg, log=lambda *a: None)
+    second = tiny.ensure_merge_model(cache_dir=str(tmp_path / "b"), cfg=cfg, log=lambda *a: None)
+    assert models.weights_hash(first) == models.weights_hash(second) is not None
+    with torch.no_grad():  # and the hash sees one changed weight
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(second)
+        model.get_parameter("lm_head.weight")[0, 0] += 1e-7
+        model.save_pretrained(tmp_path / "c")
+    assert models.weights_hash(str(tmp_path / "c")) != models.weights_hash(first)

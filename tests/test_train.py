@@ -48,6 +48,8 @@ def test_end_to_end_and_exact_resume(tmp_path, tiny_model_path):
     config = json.loads((straight / "config.json").read_text())
     assert config["preset"] == "tiny" and config["flags"]["algo"] == "ce_gppo" and config["flags"]["max_steps"] == 4
     assert config["versions"]["torch"] == torch.__version__ and "git_commit" in config
+    import models
+    assert config["model_sha256"] == models.weights_hash(tiny_model_path)  # which warm start the run started from
     samples = [json.loads(line) for line in (straight / "samples.jsonl").read_text().splitlines()]
     assert sorted({s["step"] for s in samples}) == [2, 4] and len(samples) == 2 * 2 * 4  # 2 prompts x n=4, twice
     assert all(s["reward"] in (1.0, -1.0) and isinstance(s["completion"], str) and "advantage" in s for s in samples)

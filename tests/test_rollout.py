@@ -265,3 +265,13 @@ def test_cuda_request_seeds_reach_vllm_distinct_and_cpu_samples_differ(engine, t
     assert given == [rollout.request_seed(s, i, 2) for s in (0, 1) for i in (0, 1)]
     children = [g + j for g in given for j in range(2)]
     assert len(set(children)) == 8  # two steps x two requests x two samples: no stream shared
+
+
+def test_the_engine_always_runs_in_this_process(monkeypatch):
+    """Weights sync by reference to an engine in this process: a shell's VLLM_ENABLE_V1_MULTIPROCESSING=1 would make
+    vLLM pickle the weight generator across processes, so rollout sets it to 0 whatever it was."""
+    vllm_or_skip()
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    rollout._import_vllm()
+    import os
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"

@@ -84,14 +84,14 @@ def summary(runs: dict[str, list[str]]) -> dict:
 
 
 def markdown(table: dict) -> str:
-    def cell(ms, scale=1.0, digits=3):
-        if math.isnan(ms[0]):
-            return "n/a"
-        return f"{scale * ms[0]:.{digits}f} ± {scale * ms[1]:.{digits}f}"
-
     lines = ["| config | seeds | held-out avg@k (%) | reward, first 10 steps | reward, last 10 | entropy, first 10 | entropy, last 10 |",
              "|---|---|---|---|---|---|---|"]
     for name, row in table.items():
+        def cell(ms, scale=1.0, digits=3):
+            if math.isnan(ms[0]):
+                return "n/a"
+            spread = f" ± {scale * ms[1]:.{digits}f}" if row["seeds"] > 1 else ""  # one seed has no spread to show
+            return f"{scale * ms[0]:.{digits}f}{spread}"
         lines.append(f"| {name} | {row['seeds']} | {cell(row['eval_acc'], 100, 1)} | {cell(row['reward_first10'])} | "
                      f"{cell(row['reward_last10'])} | {cell(row['entropy_first10'])} | {cell(row['entropy_last10'])} |")
     return "\n".join(lines)
@@ -187,11 +187,15 @@ def run_summary(rows: list[dict], output_dir: str, final_dir: str, first_step: i
         return "n/a" if a is None else (fmt(a) if len(steps) == 1 else f"{fmt(a)} -> {fmt(b)}")
 
     mine = [r for r in steps if r["step"] > first_step]
-    seconds = [r["time_rollout_s"] + r["time_reward_s"] + r["time_update_s"] for r in mine if "time_update_s" in r]
+    seconds = [r["time_rollout_s"] + r["time_reward_s"] + r["time_update_s"] + r.get("time_eval_s", 0.0)
+               for r in mine if "time_update_s" in r]
     phases = {p: _mean([r.get(f"time_{p}_s") for r in mine]) or 0.0 for p in ("rollout", "reward", "update")}
+    evals_s = sum(r.get("time_eval_s", 0.0) for r in mine)
     resumed = f" (resumed at step {first_step}; the log holds steps {steps[0]['step']}-{steps[-1]['step']})" if first_step else ""
-    lines = [f"done: {len(mine)} steps, to step {steps[-1]['step']}{resumed}, {sum(seconds) / max(len(seconds), 1):.2f} s "
-             f"per step (rollout {phases['rollout']:.2f}, reward {phases['reward']:.2f}, update {phases['update']:.2f})",
+    lines = [f"done: {len(mine)} step{'s' if len(mine) != 1 else ''}, to step {steps[-1]['step']}{resumed}, "
+             f"{sum(seconds) / max(len(seconds), 1):.2f} s per step (rollout {phases['rollout']:.2f}, reward "
+             f"{phases['reward']:.2f}, update {phases['update']:.2f}"
+             + (f", held-out evaluation {evals_s / max(len(seconds), 1):.2f}" if evals_s else "") + ")",
              f"  reward   {where}: {span('reward_mean', lambda v: f'{v:+.3f}')}"
              f"   (accuracy {span('acc_mean', lambda v: f'{100 * v:.1f}%')})",
              f"  entropy  {where}: {span('entropy', lambda v: f'{v:.4f}')} nats/token"]

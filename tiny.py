@@ -164,8 +164,7 @@ def warm_start(model, tokenizer, cfg: TinyConfig, log=print):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if step % 25 == 0 or step == cfg.sft_steps - 1:
-            bar.set_postfix(loss=f"{out.loss.item():.3f}", refresh=False)
+        bar.set_postfix(loss=f"{out.loss.item():.3f}", refresh=False)  # every step: a stale loss looks stuck
     bar.close()
     log(f"  tiny warm start: {cfg.sft_steps} steps in {bar.format_dict['elapsed']:.0f}s, last loss {out.loss.item():.3f}")
     model.eval()
@@ -296,8 +295,7 @@ def _sums_like_warm_start(cfg, split, what: str, log=print):
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        if step % 25 == 0 or step == cfg.sft_steps - 1:
-            bar.set_postfix(loss=f"{out.loss.item():.3f}", refresh=False)
+        bar.set_postfix(loss=f"{out.loss.item():.3f}", refresh=False)  # every step: a stale loss looks stuck
     bar.close()
     log(f"  {what} warm start: {cfg.sft_steps} steps in {bar.format_dict['elapsed']:.0f}s, last loss {out.loss.item():.3f}")
     return model.eval(), tokenizer

@@ -221,6 +221,10 @@ def evaluation_row(run: Run, args, step: int) -> dict:
     """Held-out avg@k exactly as `evaluate.py --benchmarks <eval_data>` computes it (heldout.py: same problems, k,
     sampling settings and scoring) after `step` steps; under torchrun each rank evaluates its share of the problems.
     The generations and verdicts go to eval/step_N.jsonl in the run folder (one file per rank under torchrun)."""
+    start = time.perf_counter()
+    if D.is_main():
+        run.bar.write(f"step {step}: held-out evaluation, {len(run.eval_rows)} problems x {run.eval_settings['k']} samples "
+                      f"of up to {run.eval_settings['max_tokens']} tokens ...")  # the bar would otherwise sit still
     mine = [run.eval_rows[i] for i in D.my_share(len(run.eval_rows))]  # empty on a rank past the last problem
     seed = args.seed * 1_000_003 + step - 1 + 500_000  # the step's: rank 0 samples with it, rank r with rank_seed's
     run.sampler.wake_up()
@@ -233,7 +237,7 @@ def evaluation_row(run: Run, args, step: int) -> dict:
                    [{"step": step, "id": p["id"], "answer": p["answer"], "responses": [c.text for c in g], "correct": c}
                     for p, g, c in zip(mine, groups, correct_lists)])
     correct, count = D.all_reduce([heldout.avg_at_k(correct_lists) * len(mine) if mine else 0.0, len(mine)], run.device)
-    return {"step": step, "eval_acc": correct / count, "eval_seed": seed}
+    return {"step": step, "eval_acc": correct / count, "eval_seed": seed, "time_eval_s": time.perf_counter() - start}
 
 
 def eval_settings(args, log=print) -> dict:

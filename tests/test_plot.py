@@ -31,6 +31,7 @@ def test_summary_and_figures(tmp_path):
     assert table["a"]["entropy_last10"][0] == pytest.approx(0.4)
     assert table["b"]["seeds"] == 1 and table["b"]["eval_acc"] == [0.1, 0.0]
     assert "| a | 2 | 70.0 ± 14.1 |" in (tmp_path / "fig" / "summary.md").read_text()
+    assert "| b | 1 | 10.0 | -1.000 | -1.000 | 0.100 | 0.100 |" in (tmp_path / "fig" / "summary.md").read_text()  # no ± 0
     assert len(written) == 3
 
 
@@ -78,6 +79,9 @@ def test_run_summary_and_sample_line(tmp_path):
     assert "first 2 steps -> last 2: -0.475 -> -0.375" in lines[1]
     assert "step 0 30.0%" in lines[3]
     assert plot.run_summary([{"step": 0, "eval_acc": 0.3}], str(tmp_path), "f") == [f"no steps logged in {tmp_path}"]
+    one = [{**rows[0], "time_eval_s": 1.5}]  # one step, with an evaluation's time in its row
+    assert plot.run_summary(one, str(tmp_path), "f")[0].startswith(
+        "done: 1 step, to step 1, 2.50 s per step (rollout 0.50, reward 0.10, update 0.40, held-out evaluation 1.50)")
     line = plot.sample_line({"step": 3, "reward": 1.0, "advantage": 0.5, "prompt": "Compute 1 + 2.",
                              "completion": "x " * 200})
     assert line.startswith("[step 3 sample] reward +1, A +0.50: Compute 1 + 2. => x x") and line.endswith("...")

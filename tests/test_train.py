@@ -499,7 +499,7 @@ def test_evaluation_from_step_0_and_checkpoints_evaluable_as_they_are(tmp_path, 
     out = run_train(tmp_path / "run", "--max-steps", "2", "--save-every", "2", "--eval-every", "2", "--eval-before-train",
                     "--eval-data", "arith", "--sampler", "hf")  # bookkeeping here; evaluation on vLLM in test_distributed
     rows = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in rows] == [0, 1, 2] and set(rows[0]) == {"step", "eval_acc", "eval_seed"}
+    assert [r["step"] for r in rows] == [0, 1, 2] and set(rows[0]) == {"step", "eval_acc", "eval_seed", "time_eval_s"}
     assert "eval_acc" in rows[2] and "held-out avg@k: step 0" in out.stdout
     for step in (0, 2):
         records = [json.loads(line) for line in (tmp_path / "run" / "eval" / f"step_{step:06d}.jsonl").read_text().splitlines()]

@@ -26,6 +26,8 @@ def test_a_two_step_study_runs_resumes_and_reports(tmp_path, tiny_model_path):
     assert run["steps_done"] == 2 and run["final_step"] == 2 and 0 <= run["final_acc"] <= 1
     assert [r["step"] for r in run["steps"]] == [1, 2] and "entropy" in run["steps"][0]
     assert run["hardware"][0]["to_step"] == 2 and run["hardware"][0]["cpu"]
+    assert len(run["hardware"]) == 1 and run["hardware"][0]["exit_code"] == 0 and run["hardware"][0]["from_step"] == 0
+    assert [r["step"] for r in data["ppo_clip"]["0"]["steps"]] == [1, 2]  # one row per step
     assert "| grpo | 1 | 2 |" in (tmp_path / "fig" / "table1.md").read_text()
     assert (tmp_path / "fig" / "payoff.png").stat().st_size > 10_000
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)  # finished runs are skipped
@@ -107,3 +109,172 @@ def test_step_vs_run_sets_the_one_step_signs_beside_the_runs():
     assert row["down"].endswith("| differ | no |")  # one step raises (mean), the run ends lower (mean)
     assert study.step_vs_run(study_dict, {}) == ""
     assert "Does the one-step mechanism predict the run?" in study.verdicts(study_dict, mechanism)
+
+
+# --- intervals, power, and the multiple-comparison arithmetic -------------------------------------------------------
+
+def test_accuracy_intervals_stay_within_0_and_1_and_the_power_arithmetic_matches_scipy():
+    skewed = [0.96, 0.95, 0.87]  # finals near a ceiling are left-skewed: the plain t-interval passes 1
+    assert stats.mean_ci(skewed)[1][1] > 1
+    mean, (lo, hi) = stats.logit_mean_ci(skewed)
+    assert mean == pytest.approx(sum(skewed) / 3) and 0 < lo < mean < hi < 1
+    assert stats.logit_mean_ci([0.2, 0.2])[1] == pytest.approx([0.2, 0.2])
+    assert stats.logit_mean_ci([1.0, 1.0, 0.99])[1][1] < 1
+    # reference values from scipy.stats (nct, t), which the project does not depend on
+    assert stats.t_cdf(2.776, 4) == pytest.approx(0.974989, abs=1e-5)
+    assert stats.t_test_p([1.0, 2.0, 3.0]) == pytest.approx(0.074180, abs=1e-5)
+    assert stats.paired_power(2.0, 2.2, 5) == pytest.approx(0.344839, abs=1e-5)
+    assert stats.paired_power(3.0, 2.2, 2) == pytest.approx(0.121554, abs=1e-5)
+    assert stats.paired_power(0.0, 2.2, 5) == pytest.approx(0.05, abs=1e-6)
+    assert stats.min_detectable(2.227, 5) == pytest.approx(3.746, abs=0.01)
+    assert stats.holm([0.01, 0.04, 0.03]) == [True, False, False]
+    assert study.chance_of_at_least(2, 14) == pytest.approx(0.1530, abs=1e-4)
+
+
+def test_table1_names_its_seeds_and_reads_its_intervals():
+    def runs(finals):
+        return {str(s): {"final_acc": a, "best_acc": a, "start_acc": 0.5, "steps_done": 10, "entropy_first10": 0.5,
+                         "entropy_last10": 0.4} for s, a in enumerate(finals)}
+    grpo, cispo = runs([0.95, 0.96, 0.94]), runs([0.99, 0.995, 0.80])
+    cispo["1"]["final_acc"] = None  # a run without its final evaluation: its cells average seeds 0 and 2
+    table = study.table1({"grpo": grpo, "cispo": cispo, "dapo": runs([0.90, 0.92, 0.91])})
+    row = next(line for line in table.splitlines() if line.startswith("| cispo |"))
+    assert row.endswith("| 0-2 |") and "(seeds 0, 2)" in row.split(" | ")[4] and "(seeds 0, 2)" in row.split(" | ")[6]
+    assert "(seeds" not in row.split(" | ")[5]  # the best column has all three
+    hi = float(row.split(" | ")[4].split(", ")[1].split("]")[0])
+    assert hi <= 100.0  # the logit interval of 99.0 and 80.0 stays below 100%
+    prose = " ".join(table.split())  # the notes are wrapped at 120 characters
+    assert "logit scale" in prose and "the paired column holds 2 comparisons with grpo" in prose
+    assert "at least 2 would with probability 0.00" in prose and "Excluding 0: dapo (p = " in prose
+
+
+# --- bookkeeping: duplicated rows, hardware segments, refused runs, missing evaluations --------------------------
+
+def write_jsonl(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_step_logged_twice_is_read_once_keeping_the_last_and_the_json_is_not_rewritten(tmp_path):
+    rows = [{"step": 0, "eval_acc": 0.4}, {"step": 1, "reward_mean": 0.1}, {"step": 0, "eval_acc": 0.5}]
+    assert study.dedupe_steps(rows) == [{"step": 0, "eval_acc": 0.5}, {"step": 1, "reward_mean": 0.1}]
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps({"grpo": {"0": {"steps_done": 1, "steps": rows}}}))
+    before = path.read_bytes()
+    data = study.collect(str(path), str(tmp_path / "runs"), ["grpo"], [0])  # no run folder: nothing to record
+    assert [r["step"] for r in data["grpo"]["0"]["steps"]] == [0, 1] and path.read_bytes() == before
+
+
+def test_a_resume_without_a_checkpoint_sets_the_old_rows_aside_so_step_0_is_logged_once(tmp_path):
+    out = tmp_path / "run"
+    write_jsonl(out / "metrics.jsonl", [{"step": 0, "eval_acc": 0.5}] + [{"step": s, "reward_mean": 0.0} for s in range(1, 17)])
+    assert study.prepare_resume(str(out), log=lambda line: None) == (0, 16)
+    assert (out / "metrics.jsonl").read_text() == "" and len((out / "metrics.discarded.jsonl").read_text().splitlines()) == 17
+    other = tmp_path / "other"  # with a checkpoint, train.py --resume keeps the rows up to it: nothing is moved here
+    write_jsonl(other / "metrics.jsonl", [{"step": s, "reward_mean": 0.0} for s in range(1, 38)])
+    (other / "checkpoints" / "step_25").mkdir(parents=True)
+    assert study.prepare_resume(str(other)) == (25, 37)
+    assert len((other / "metrics.jsonl").read_text().splitlines()) == 37
+
+
+def test_every_hardware_segment_is_kept_an_interrupted_one_included(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"flags": {}}))  # a run folder, as train.py leaves it
+    study.open_segment(str(out), 2, 0, None)  # a study killed while this segment ran: never closed
+    assert [(s["from_step"], s["to_step"], s["interrupted"]) for s in study.hardware_segments(str(out), [{"step": 16}])] \
+        == [(0, 16, True)]
+    study.open_segment(str(out), 2, 25, 37)   # the resume, from the checkpoint at 25, after 37 steps were logged
+    study.close_segment(str(out), 200, 12.34, 0)
+    segments = study.hardware_segments(str(out), [{"step": 200}])
+    assert [(s["from_step"], s["to_step"], s.get("interrupted", False)) for s in segments] == [(0, 37, True), (25, 200, False)]
+    assert segments[1]["exit_code"] == 0 and segments[1]["seconds"] == 12.3 and segments[0]["cpu"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # the note beside the folder is gone
+    fresh = tmp_path / "fresh"  # train.py failed before making the folder a run: nothing is written into it
+    study.open_segment(str(fresh), 2, 0, None)
+    study.close_segment(str(fresh), 0, 1.0, 2)
+    assert not fresh.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_run_whose_log_is_shorter_than_its_checkpoints_is_refused_and_the_record_kept(tmp_path):
+    root, path = tmp_path / "runs", tmp_path / "study.json"
+    good = {"steps_done": 200, "final_acc": 0.95, "steps": [{"step": 200, "eval_acc": 0.95}]}
+    path.write_text(json.dumps({"grpo": {"0": good}}))
+    short = root / "grpo-s0"
+    write_jsonl(short / "metrics.jsonl", [{"step": s, "reward_mean": 0.0, "entropy": 0.2} for s in range(1, 11)])
+    (short / "checkpoints" / "step_25").mkdir(parents=True)
+    missing = root / "grpo-s1"
+    (missing / "checkpoints" / "step_50").mkdir(parents=True)
+    lines = []
+    data = study.collect(str(path), str(root), ["grpo"], [0, 1], log=lines.append)
+    assert data["grpo"] == {"0": good} and json.loads(path.read_text())["grpo"] == {"0": good}
+    assert lines == [f"[study] grpo seed 0: not recorded ({short}): metrics.jsonl ends at step 10, but the run reached step 25",
+                     f"[study] grpo seed 1: not recorded ({missing}): metrics.jsonl is missing or empty, but the run "
+                     "reached step 50"]
+    assert study.refusal(str(short), resuming=True)  # 10 < 25 - 1: not the row runfolder.restore_row puts back
+    write_jsonl(short / "metrics.jsonl", [{"step": s, "reward_mean": 0.0} for s in range(1, 25)])
+    assert study.refusal(str(short), resuming=True) is None and study.refusal(str(short))
+    write_jsonl(short / "metrics.jsonl", [{"step": s, "reward_mean": 0.0} for s in range(1, 31) if s != 7])
+    assert "lacks 1 step(s) between 1 and 30 (the first: 7)" in study.refusal(str(short))
+
+
+def test_planned_evaluations_that_are_missing_are_named():
+    assert study.planned_evaluations(200, 25, True) == [0, 25, 50, 75, 100, 125, 150, 175, 200]
+    assert study.planned_evaluations(60, 25, False) == [25, 50, 60]
+    evals = lambda steps: [{"step": s, "eval_acc": 0.5} for s in steps]  # noqa: E731
+    data = {"entropy_0.001": {"0": {"steps_done": 200, "steps": evals(range(0, 201, 25))},
+                              "1": {"steps_done": 200, "steps": evals([0, 50, 75, 100, 125, 150, 175, 200])}}}
+    assert study.missing_evaluations(data, 25, True) == ["entropy_0.001 seed 1: step 25"]
+
+
+# --- the command line: study.py's own flags and bad input, one line before any run ----------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seeds", "0,1", "--seed", "7"], "--seed is set by study.py for every run (use --seeds)"),
+    (["--max_steps=5"], "--max-steps is set by study.py for every run (use --steps)"),
+    (["--output-dir", "elsewhere"], "--output-dir is set by study.py"),
+    (["--save-every", "5"], "--save-every is set by study.py for every run; it cannot be passed through"),
+    (["--seeds", "a,b"], "--seeds 'a,b': expected comma-separated integers"),
+    (["--configs", "grpo,nope"], "unknown config(s) ['nope']"),
+    (["--steps", "0"], "--steps 0: must be >= 1"),
+    (["--steps", "x"], "argument --steps: invalid int value"),
+])
+def test_bad_input_is_one_line_and_exit_2_before_any_run(argv, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["study.py", "--preset", "tiny", "--root", str(tmp_path / "runs"),
+                                      "--json", str(tmp_path / "study.json"), *argv])
+    with pytest.raises(SystemExit) as stop:
+        study.main()
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "study.json").exists()
+
+
+# --- what the study could detect ------------------------------------------------------------------------------------
+
+def test_detectability_pools_the_paired_sd_and_carries_the_papers_gains(tmp_path):
+    def runs(finals):
+        steps = [{"step": s, **{k: 0.001 for k in study.REGIONS}} for s in range(1, 21)]
+        return {str(s): {"final_acc": a, "steps_done": 20, "steps": steps} for s, a in enumerate(finals)}
+    data = {"grpo": runs([0.95, 0.94, 0.96, 0.95, 0.94]), "dapo": runs([0.94, 0.95, 0.94, 0.93, 0.95]),
+            "cispo": runs([0.93, 0.92, 0.95])}
+    text, numbers = study.detectability(data)
+    d5, d3 = [-1.0, 1.0, -2.0, -2.0, 1.0], [-2.0, -2.0, -1.0]
+    var = lambda v: sum((x - sum(v) / len(v)) ** 2 for x in v)  # noqa: E731
+    pooled = ((var(d5) + var(d3)) / 6) ** 0.5
+    assert numbers["main_sd"] == pytest.approx(pooled)
+    assert f"| all 2 of the protocol's | {pooled:.2f} | 6 |" in text
+    assert f"| 5 | {stats.min_detectable((var(d5) / 4) ** 0.5, 5):.1f} |" in text
+    assert "| grpo | +5.74 | cut of the average error | 11.3% | 5.2 | +0.59 |" in text  # 11.3% of grpo's 5.2-point error
+    assert "| dapo | 0.100 | 0.100 | 0.400 | 0.100 / 0.100 |" in text  # per-step shares, in %
+    assert "A null result here was expected" in " ".join(text.split())
+    assert all(len(line) <= 120 for line in text.splitlines() if not line.startswith("|"))
+    assert study.draw_detectability(numbers, str(tmp_path / "d.png")) and (tmp_path / "d.png").stat().st_size > 10_000
+    assert study.detectability({"grpo": data["grpo"]}) == ("", {})
+
+
+def test_verdicts_mark_the_rules_the_protocol_did_not_state():
+    text = study.verdicts({})
+    row = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| ")}
+    assert "added: the protocol states no rule" in row["entropy_0.001: last-10 - first-10 entropy"]
+    assert "changes both betas at once" in row["(1, 0.5) - (0.5, 1)"]
+    assert "added" in row["(1, 0.5) - (0.5, 1), final avg@k"] and "added" not in row["(0.5, 1) - grpo, final avg@k"]

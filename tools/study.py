@@ -4,17 +4,26 @@ in one JSON, a Table-1 analog with 95% intervals (paired against GRPO, seed by s
     python tools/study.py --preset tiny --steps 50                 # the original CPU study on the arithmetic task
     python tools/study.py --preset sums --steps 150                # the study on the longer-response task (README)
     python tools/study.py --preset tiny --plot-only                # collect, tabulate and draw what has run so far
+    python tools/study.py --preset merge --steps 200 --plot-only   # the report of the merge study from its JSON
     python tools/study.py --preset sums --steps 150 --parallel 18  # a machine with many cores (or a GPU): runs at once
 
 Any flag that is not study.py's own is a train.py flag, passed to every run (and part of the run's identity: a
 resumed run must be given the same ones).
 
+study.py owns each run's --seed, --max-steps, --output-dir and --save-every (from --seeds, --steps, --root); passing
+one of them through is an error (exit 2), as is a bad --seeds, --steps or config name, before any run starts.
+
 Runs go to runs/study/<preset>/<config>-s<seed>/ and keep checkpoints, so an interrupted study resumes: a finished
-run is skipped, an unfinished one continues from its last checkpoint (train.py --resume), exactly; each run's
-hardware.jsonl says which machine ran which steps. A study may run in parts and on several machines: the JSON
-(docs/figures/study-<preset>.json, {config: {seed: {start_acc, final_acc, best_acc, ..., steps: [...]}}}) is updated
-with the runs found, never emptied, so results accumulate. Table, figures and the verdict on each of the paper's
-claims, read by the rules of docs/study-protocol.md (verdicts.md), go to docs/figures/study-<preset>/.
+run is skipped, an unfinished one continues from its last checkpoint (train.py --resume), exactly, or from step 0
+when it has none (its earlier rows then go to metrics.discarded.jsonl, so step 0 is logged once). Each run's
+hardware.jsonl says which machine ran which steps: a segment is noted when it starts (beside the run folder) and
+recorded when it ends, so a segment whose study was killed is kept too, marked interrupted. A study may run in parts
+and on several machines: the JSON (docs/figures/study-<preset>.json, {config: {seed: {start_acc, final_acc,
+best_acc, ..., steps: [...]}}}) is updated with the runs found, never emptied, so results accumulate; a run whose
+metrics.jsonl is missing or ends before its newest checkpoint is refused with a line and leaves its record as it was.
+Table, figures, what the study could detect (detectability.md), the planned evaluations a run lacks, and the verdict
+on each of the paper's claims, read by the rules of docs/study-protocol.md (verdicts.md), go to
+docs/figures/study-<preset>/.
 """
 
 import argparse
@@ -24,43 +33,179 @@ import math
 import os
 import subprocess
 import sys
+import textwrap
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)  # the pipeline's modules
 
-from configs import CONFIGS, STUDY_DEFAULT  # noqa: E402
-from stats import mean_ci  # noqa: E402
+from configs import CONFIGS, STUDY_DEFAULT, STUDY_SECONDARY  # noqa: E402
+from stats import holm, logit_mean_ci, mean_ci, min_detectable, paired_power, t_test_p  # noqa: E402
 
 # The per-step numbers the study keeps of each run (the rest stay in its metrics.jsonl).
 KEPT = ("step", "entropy", "reward_mean", "acc_mean", "eval_acc", "clip_frac_low_neg", "clip_frac_high_pos",
-        "clip_frac_low_pos", "clip_frac_high_neg", "approx_kl", "response_length_mean", "od_state", "entropy_coef")
+        "clip_frac_low_pos", "clip_frac_high_neg", "approx_kl", "response_length_mean", "od_state", "entropy_coef",
+        "eval_lost")
+# The flags study.py sets for every run (from --seeds, --steps, --root and the save cadence): never passed through.
+OWNED = {"--seed": "--seeds", "--max-steps": "--steps", "--output-dir": "--root", "--save-every": None}
+
+
+def para(text: str) -> str:
+    """A markdown paragraph wrapped at 120 characters, as the docs are."""
+    return textwrap.fill(text, 120, break_long_words=False, break_on_hyphens=False)
+
+
+def dedupe_steps(rows: list[dict]) -> list[dict]:
+    """Metrics rows with one row per step, the last one logged for it (a resume can log a step twice), in step
+    order; rows without a step are dropped."""
+    last = {}
+    for r in rows:
+        if isinstance(r.get("step"), int):
+            last[r["step"]] = r
+    return [last[s] for s in sorted(last)]
+
+
+def refusal(out: str, rows: list[dict] | None = None, resuming: bool = False) -> str | None:
+    """Why a run folder's metrics cannot be recorded (None if they can): its metrics.jsonl is missing or empty, ends
+    before its newest checkpoint (or before the final step, once final/ is written), or lacks a step in between.
+    resuming: before train.py --resume, which restores the row of a run stopped between its checkpoint and that
+    step's row (runfolder.restore_row), so a log ending one step before the checkpoint is not refused then."""
+    import runfolder as RF
+    if rows is None:
+        rows = dedupe_steps(RF.read_jsonl(os.path.join(out, "metrics.jsonl")))
+    found = RF.checkpoint_dirs(out)
+    reached = RF.step_of(found[-1]) if found else 0
+    if os.path.exists(os.path.join(out, "final", "config.json")):  # a finished run: its metrics must reach max_steps
+        try:
+            with open(os.path.join(out, "config.json")) as f:
+                reached = max(reached, int(json.load(f)["flags"]["max_steps"]))
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+    logged = {r["step"] for r in rows}
+    last = max(logged, default=None)
+    if last is None:
+        return f"metrics.jsonl is missing or empty, but the run reached step {reached}" if reached else None
+    if last < reached and not (resuming and last == reached - 1):
+        return f"metrics.jsonl ends at step {last}, but the run reached step {reached}"
+    lacking = [s for s in range(1, last + 1) if s not in logged]
+    if lacking:
+        return f"metrics.jsonl lacks {len(lacking)} step(s) between 1 and {last} (the first: {lacking[0]})"
+    return None
+
+
+def prepare_resume(out: str, log=print) -> tuple[int, int | None]:
+    """Before (re)starting a run: (the step it trains from, its last logged step or None). A resume with no checkpoint
+    starts again from step 0: its earlier rows go to metrics.discarded.jsonl here, so that train.py's step-0
+    evaluation is logged once (train.py --resume keeps rows up to step 0 and would log step 0 a second time)."""
+    import runfolder as RF
+    metrics = os.path.join(out, "metrics.jsonl")
+    rows = RF.read_jsonl(metrics)
+    logged = max((r["step"] for r in rows if isinstance(r.get("step"), int)), default=None)
+    found = RF.checkpoint_dirs(out)
+    if found:
+        return RF.step_of(found[-1]), logged
+    if rows:
+        RF.keep_rows_up_to(metrics, -1, log)
+    return 0, logged
+
+
+def pending_segment(out: str) -> str:
+    """Where the segment now running is noted: beside the run folder, not in it (the folder is train.py's to create;
+    a run writes only into a new or empty folder, or its own)."""
+    return os.path.normpath(out) + ".segment.json"
+
+
+def _is_run(out: str) -> bool:
+    return os.path.isfile(os.path.join(out, "config.json"))
+
+
+def _append_segment(out: str, segment: dict) -> None:
+    with open(os.path.join(out, "hardware.jsonl"), "a") as f:
+        f.write(json.dumps(segment) + "\n")
+
+
+def settle_segment(out: str, to_step) -> None:
+    """A noted segment that was never completed (its study was killed) goes into the run's hardware.jsonl, marked
+    interrupted and ending at `to_step` (the last step logged before the next segment); none is kept for a folder
+    that never became a run (nothing was trained)."""
+    path = pending_segment(out)
+    if not os.path.exists(path):
+        return
+    try:
+        with open(path) as f:
+            segment = json.load(f)
+    except (OSError, ValueError):
+        segment = None
+    if isinstance(segment, dict) and _is_run(out):
+        _append_segment(out, {**segment, "to_step": to_step, "seconds": None, "exit_code": None, "interrupted": True})
+    os.remove(path)
+
+
+def open_segment(out: str, threads, from_step: int, logged_before) -> None:
+    """Note a run segment as it starts (which machine, from which step), so that a study killed mid-run still leaves
+    a record of it: close_segment completes it into the run's hardware.jsonl; one never completed is settled there,
+    as interrupted, when the run next starts (and shown so by hardware_segments until then)."""
+    from bench import cpu_model
+    settle_segment(out, logged_before)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(pending_segment(out), "w") as f:
+        json.dump({"cpu": cpu_model(), "threads": threads or os.cpu_count(), "from_step": from_step,
+                   "logged_before": logged_before, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, f)
+
+
+def close_segment(out: str, to_step, seconds: float, exit_code) -> None:
+    """Complete the noted segment into the run's hardware.jsonl: where it ended, its time and exit code."""
+    path = pending_segment(out)
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        segment = json.load(f)
+    if _is_run(out):
+        _append_segment(out, {**segment, "to_step": to_step, "seconds": round(seconds, 1), "exit_code": exit_code})
+    os.remove(path)
+
+
+def hardware_segments(out: str, rows: list[dict]) -> list[dict]:
+    """Every segment of a run, in order: its hardware.jsonl, and a noted segment not yet completed (its study was
+    killed), shown as interrupted at the log's last step."""
+    import runfolder as RF
+    segments = RF.read_jsonl(os.path.join(out, "hardware.jsonl"))
+    try:
+        with open(pending_segment(out)) as f:
+            segments.append({**json.load(f), "to_step": rows[-1]["step"] if rows else None, "interrupted": True})
+    except (OSError, ValueError, TypeError):
+        pass
+    return segments
 
 
 def run_one(preset, name, seed, steps, out, extra, threads=None):
     """Train one configuration and seed to `steps`, resuming it if a checkpoint exists; returns seconds taken."""
     import runfolder as RF
-    done = RF.read_jsonl(os.path.join(out, "metrics.jsonl"))
+    done = dedupe_steps(RF.read_jsonl(os.path.join(out, "metrics.jsonl")))
     if os.path.exists(os.path.join(out, "final", "config.json")) and done and done[-1]["step"] >= steps:
         print(f"[study] {name} seed {seed}: done already", flush=True)
         return 0.0
+    why = refusal(out, done, resuming=True) if os.path.isdir(out) else None
+    if why:
+        raise RuntimeError(f"[study] {name} seed {seed}: refused ({out}): {why}")
     flags = ["--preset", preset, *CONFIGS[name], "--seed", str(seed), "--max-steps", str(steps),
              "--save-every", str(max(1, min(25, steps))), "--output-dir", out, *extra]
+    first, logged = 0, None
     if os.path.exists(os.path.join(out, "config.json")):
         flags.append("--resume")  # from its last checkpoint, or from step 0 if it died before the first
-    start, first = time.time(), (done[-1]["step"] if done else 0)
+        first, logged = prepare_resume(out, log=lambda line: print(f"[study] {name} seed {seed}: {line}", flush=True))
+    open_segment(out, threads, first, logged)  # which machine runs which steps, kept even if this process is killed
+    start, code = time.time(), None
     print(f"[study] {name} seed {seed} ...", flush=True)
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *flags], cwd=ROOT, env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    rows = RF.read_jsonl(os.path.join(out, "metrics.jsonl"))
-    if os.path.isdir(out):  # which machine ran which steps
-        from bench import cpu_model
-        with open(os.path.join(out, "hardware.jsonl"), "a") as f:
-            f.write(json.dumps({"cpu": cpu_model(), "threads": threads or os.cpu_count(), "from_step": first,
-                                "to_step": rows[-1]["step"] if rows else 0, "seconds": round(time.time() - start, 1),
-                                "exit_code": run.returncode}) + "\n")
+    try:
+        run = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *flags], cwd=ROOT, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        code = run.returncode
+    finally:
+        rows = dedupe_steps(RF.read_jsonl(os.path.join(out, "metrics.jsonl")))
+        close_segment(out, rows[-1]["step"] if rows else 0, time.time() - start, code)
     if run.returncode:
         raise RuntimeError(f"[study] {name} seed {seed} failed:\n{run.stderr[-3000:]}")
     print(f"[study] {name} seed {seed}: {time.time() - start:.0f}s", flush=True)
@@ -73,62 +218,150 @@ def run_record(out: str) -> dict | None:
     """One run's summary and per-step numbers, from its run folder (None if it logged nothing)."""
     import runfolder as RF
     from plot import window_mean
-    rows = RF.read_jsonl(os.path.join(out, "metrics.jsonl"))
+    rows = dedupe_steps(RF.read_jsonl(os.path.join(out, "metrics.jsonl")))
     steps = [r for r in rows if "reward_mean" in r]
     if not steps:
         return None
     evals = [(r["step"], r["eval_acc"]) for r in rows if "eval_acc" in r]
     trained = [(s, a) for s, a in evals if s > 0]
     best = max(trained, key=lambda e: e[1]) if trained else (None, None)
-
-    hardware = RF.read_jsonl(os.path.join(out, "hardware.jsonl"))
     return {"steps_done": steps[-1]["step"], "start_acc": next((a for s, a in evals if s == 0), None),
             "final_acc": trained[-1][1] if trained else None, "final_step": trained[-1][0] if trained else None,
             "best_acc": best[1], "best_step": best[0],
             "entropy_first10": window_mean(rows, "entropy", True), "entropy_last10": window_mean(rows, "entropy", False),
             "reward_first10": window_mean(rows, "reward_mean", True), "reward_last10": window_mean(rows, "reward_mean", False),
-            "hardware": hardware, "steps": [{k: r[k] for k in KEPT if k in r} for r in rows]}
+            "hardware": hardware_segments(out, rows), "steps": [{k: r[k] for k in KEPT if k in r} for r in rows]}
 
 
-def collect(path: str, root: str, names, seeds) -> dict:
-    """The study's JSON at `path`, updated with every run found under root (runs not found are left as they were)."""
+def load_study(path: str) -> dict:
+    """The study's JSON, each run's steps read with one row per step (the last logged; see dedupe_steps)."""
     study = json.load(open(path)) if os.path.exists(path) else {}
-    for name in names:
-        for seed in seeds:
-            record = run_record(os.path.join(root, f"{name}-s{seed}"))
-            if record:
-                study.setdefault(name, {})[str(seed)] = record
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(study, f)
-    os.replace(path + ".tmp", path)
+    for runs in study.values():
+        for run in runs.values():
+            if "steps" in run:
+                run["steps"] = dedupe_steps(run["steps"])
     return study
 
 
-def table1(study: dict, baseline: str = "grpo") -> str:
-    """The Table-1 analog: held-out avg@k at the end and at the best step (mean [95% CI] over seeds), and the paired
-    difference against the baseline on the seeds both have."""
-    def cell(values, scale=100.0):
-        values = [v for v in values if v is not None]
+def collect(path: str, root: str, names, seeds, log=print) -> dict:
+    """The study's JSON at `path`, updated with every run found under root (runs not found are left as they were).
+    A run folder whose metrics are refused (see refusal), or hold fewer steps than the run's record, is not recorded:
+    a line says so and the record stays. The file is rewritten only when a record changed."""
+    study = load_study(path)
+    changed = not os.path.exists(path)
+    for name in names:
+        for seed in seeds:
+            out = os.path.join(root, f"{name}-s{seed}")
+            if not os.path.isdir(out):
+                continue
+            why = refusal(out)
+            record = None if why else run_record(out)
+            old = study.get(name, {}).get(str(seed))
+            if record and old and record["steps_done"] < old.get("steps_done", 0):
+                why = f"it has {record['steps_done']} steps, the study's record {old['steps_done']}"
+            if why:
+                log(f"[study] {name} seed {seed}: not recorded ({out}): {why}")
+                continue
+            if record and record != old:
+                study.setdefault(name, {})[str(seed)] = record
+                changed = True
+    if changed:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(study, f)
+        os.replace(path + ".tmp", path)
+    return study
+
+
+def planned_evaluations(steps_done: int, every: int, before_train: bool) -> list[int]:
+    """The steps a run of `steps_done` steps evaluates at: 0 (with an evaluation before training), every `every`
+    steps, and the last step."""
+    planned = [0] if before_train else []
+    if every:
+        planned += list(range(every, steps_done + 1, every))
+        if steps_done % every:
+            planned.append(steps_done)
+    return planned
+
+
+def missing_evaluations(study: dict, every: int, before_train: bool) -> list[str]:
+    """Each run's planned evaluations that have no eval_acc, as 'config seed s: step N, ...'."""
+    out = []
+    for name, runs in study.items():
+        for seed, run in sorted(runs.items(), key=lambda kv: int(kv[0])):
+            have = {r["step"] for r in run.get("steps", []) if r.get("eval_acc") is not None}
+            lost = [s for s in planned_evaluations(run["steps_done"], every, before_train) if s not in have]
+            if lost:
+                out.append(f"{name} seed {seed}: step {', '.join(map(str, lost))}")
+    return out
+
+
+def seed_list(seeds) -> str:
+    """'0-4' for consecutive seeds, else '0, 2, 3'."""
+    seeds = sorted(int(s) for s in seeds)
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))
+
+
+def chance_of_at_least(k: int, n: int, p: float = 0.05) -> float:
+    """P(at least k of n independent tests at level p reject) when no null hypothesis is false."""
+    return 1 - sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k))
+
+
+def table1(study: dict, baseline: str = "grpo", primary=STUDY_DEFAULT) -> str:
+    """The Table-1 analog: held-out avg@k at the start, the end and the best step (mean [95% CI] over seeds, the
+    interval on the logit scale so that it stays within 0-100%), and the final paired difference against the
+    baseline on the seeds both have (mean [95% t-interval]); the seeds each row averages, with any cell that averages
+    fewer named in it. Below the table: how to read its intervals, and the multiple-comparison arithmetic over the
+    paired column (`primary`: the protocol's configurations, the family the claims draw on)."""
+    def cell(values, seeds, row_seeds, paired=False, scale=100.0):
+        values, seeds = zip(*[(v, s) for v, s in zip(values, seeds) if v is not None]) if any(
+            v is not None for v in values) else ((), ())
         if not values:
             return "n/a"
-        mean, (lo, hi) = mean_ci(values)
-        return f"{scale * mean:.1f} [{scale * lo:.1f}, {scale * hi:.1f}]" if len(values) > 1 else f"{scale * mean:.1f}"
+        mean, (lo, hi) = (mean_ci if paired else logit_mean_ci)(list(values))
+        def num(x):  # one decimal, or two where one would round a nonzero end to 0.0 and hide its side
+            return f"{x:.2f}" if x and round(x, 1) == 0 else f"{x:.1f}"
+        text = f"{num(scale * mean)} [{num(scale * lo)}, {num(scale * hi)}]" if len(values) > 1 else num(scale * mean)
+        return text + (f" (seeds {seed_list(seeds)})" if list(seeds) != list(row_seeds) else "")
 
     lines = [f"| config | seeds | steps | start | final avg@k | best avg@k | final - {baseline} (paired) | "
-             "entropy, first 10 -> last 10 steps |", "|---|---|---|---|---|---|---|---|"]
+             "entropy, first 10 -> last 10 steps | which seeds |", "|---|---|---|---|---|---|---|---|---|"]
     base = study.get(baseline, {})
+    tests = {}  # name: its paired differences from the baseline
     for name, runs in study.items():
         seeds = sorted(runs, key=int)
-        pairs = [runs[s]["final_acc"] - base[s]["final_acc"] for s in seeds
-                 if s in base and runs[s]["final_acc"] is not None and base[s]["final_acc"] is not None]
+        both = [s for s in seeds if s in base and runs[s]["final_acc"] is not None and base[s].get("final_acc") is not None]
+        pairs = [runs[s]["final_acc"] - base[s]["final_acc"] for s in both]
+        if name != baseline and len(pairs) > 1:
+            tests[name] = pairs
         first = [runs[s]["entropy_first10"] for s in seeds]
         last = [runs[s]["entropy_last10"] for s in seeds]
         entropy = f"{sum(first) / len(first):.3f} -> {sum(last) / len(last):.3f}" if None not in first + last else "n/a"
         lines.append(f"| {name} | {len(seeds)} | {min(runs[s]['steps_done'] for s in seeds)} | "
-                     f"{cell([runs[s]['start_acc'] for s in seeds])} | {cell([runs[s]['final_acc'] for s in seeds])} | "
-                     f"{cell([runs[s]['best_acc'] for s in seeds])} | "
-                     f"{cell(pairs) if name != baseline else '-'} | {entropy} |")
+                     f"{cell([runs[s]['start_acc'] for s in seeds], seeds, seeds)} | "
+                     f"{cell([runs[s]['final_acc'] for s in seeds], seeds, seeds)} | "
+                     f"{cell([runs[s]['best_acc'] for s in seeds], seeds, seeds)} | "
+                     f"{cell(pairs, both, seeds, paired=True) if name != baseline else '-'} | {entropy} | "
+                     f"{seed_list(seeds)} |")
+    lines += ["", para("Start, final and best: mean over seeds [95% t-interval on the logit scale, mapped back: it cannot "
+                       "pass 0 or 100%]. The paired column: mean [95% t-interval] of the per-seed differences.")]
+    if tests:
+        family = [n for n in tests if n in primary]
+        among = " among the protocol's configurations" if family else ""
+        family = family or list(tests)
+        p = {n: t_test_p(tests[n]) for n in family}
+        off = [n for n in family if p[n] < 0.05]
+        kept = [n for n, r in zip(family, holm([p[n] for n in family])) if r]
+        k = len(family)
+        lines += ["", para(f"Multiple comparisons: the paired column holds {k} comparisons with {baseline}{among}"
+                  f"{f' ({len(tests)} with the others)' if len(tests) > k else ''}, none corrected. If no "
+                  f"configuration differed from {baseline}, {0.05 * k:.2f} of those {k} intervals would exclude 0 by "
+                  f"chance on average, and at least 2 would with probability {chance_of_at_least(2, k):.2f} (treating them "
+                  f"as independent; they share {baseline}'s seeds). Excluding 0: "
+                  f"{', '.join(f'{n} (p = {p[n]:.3f}, {len(tests[n]) - 1} degrees of freedom)' for n in off) or 'none'}; "
+                  f"after Holm's correction over the {k}: {', '.join(kept) or 'none'}.")]
     return "\n".join(lines)
 
 
@@ -213,6 +446,14 @@ RULES = [
     *[(f"5: {n} without losing accuracy", f"{n} - grpo, final avg@k", n, "grpo", final, "not below")
       for n in ("grpo_dyn_id", "grpo_dyn_did", "grpo_dyn_od")],
 ]
+# What the reader of a rule must know beside its verdict: where it is not the protocol's own rule (added after the
+# protocol was fixed; docs/study-protocol.md lists these in its dated amendment), or does not test what it names.
+NOTES = {
+    "(1, 0.5) - (0.5, 1)": "changes both betas at once (beta1 0.5 -> 1 and beta2 1 -> 0.5), so it does not isolate beta1",
+    "(1, 0.5) - (0.5, 1), final avg@k": "added: the protocol names no comparator for 'lowers accuracy'",
+    "entropy_0.001: last-10 - first-10 entropy": "added: the protocol states no rule for 'does not stop the fall'; it holds "
+                                                 "trivially, as entropy falls under every configuration",
+}
 # Also reported, not in the protocol (so not a verdict on a claim): beta1 at a fixed beta2 = 1.
 EXPLORATORY = [
     ("beta1 0.5 -> 0.75 at beta2 1", "(0.75, 1) - (0.5, 1)", "ce_gppo_0.75_1", "ce_gppo_0.5_1", last10, "below"),
@@ -250,12 +491,15 @@ def verdicts(study: dict, mechanism: dict | None = None) -> str:
         for claim, what, a, b, key, want in rules:
             result = paired(study, a, b, key) if b else over_seeds(study, a, key)
             text, n = cell(result, 100 if key is final else 1)
-            out.append(f"| {claim} | {what} | {n} | {text} | {want} 0 | **{judge(result, want)}** |")
+            note = f" ({NOTES[what]})" if what in NOTES else ""
+            out.append(f"| {claim}{note} | {what} | {n} | {text} | {want} 0 | **{judge(result, want)}** |")
         return out
 
     head = ["| claim | comparison (accuracy in points, entropy in nats/token) | seeds | mean [95% CI] | predicted | verdict |",
             "|---|---|---|---|---|---|"]
-    lines = ["Paired by seed; 95% t-intervals over seeds; no correction for multiple comparisons.", "", *head, *rows(RULES)]
+    lines = ["Paired by seed; 95% t-intervals over seeds; no correction for multiple comparisons. A claim marked "
+             "'added' is read by a rule the protocol did not state (docs/study-protocol.md lists them in its amendment "
+             "of 2026-11-25).", "", *head, *rows(RULES)]
     runs = study.get("entropy_0.003", {}).values()
     first = [r["entropy_first10"] for r in runs if r.get("entropy_first10") is not None]
     last = [r["entropy_last10"] for r in runs if r.get("entropy_last10") is not None]
@@ -329,7 +573,8 @@ FIGURES = [
 
 def draw_figures(study: dict, out_dir: str, window: int = 5) -> list[str]:
     """FIGURES, plus dynamic clipping against the same algorithm with fixed clipping; each a mean over seeds
-    (shaded: min-max), smoothed over `window` steps (held-out accuracy unsmoothed)."""
+    (shaded: min-max), smoothed over `window` steps (held-out accuracy unsmoothed), at the steps every seed logged
+    (a run's missing evaluation leaves its step out of that configuration's curve rather than shifting the rest)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -347,20 +592,19 @@ def draw_figures(study: dict, out_dir: str, window: int = 5) -> list[str]:
         fig, axes = plt.subplots(1, len(keys), figsize=(6.5 * len(keys), 4), squeeze=False)
         for ax, key in zip(axes[0], keys):
             for c, name in enumerate(names):
-                curves = []
+                curves = []  # per run, {step: value}: seeds are averaged step by step, at the steps every run logged
                 for run in study[name].values():
-                    points = [(r["step"], r[key]) for r in run["steps"] if r.get(key) is not None]
+                    points = [(r["step"], r[key]) for r in dedupe_steps(run["steps"]) if r.get(key) is not None]
                     if points:
                         x, y = zip(*points)
-                        curves.append((list(x), plot.smooth(list(y), 1 if key == "eval_acc" else window)))
+                        curves.append(dict(zip(x, plot.smooth(list(y), 1 if key == "eval_acc" else window))))
                 if not curves:
                     continue
-                n = min(len(y) for _, y in curves)
-                x = curves[0][0][:n]
-                ax.plot(x, [sum(y[i] for _, y in curves) / len(curves) for i in range(n)], color=plt.get_cmap("tab10")(c % 10),
+                x = sorted(set.intersection(*(set(curve) for curve in curves)))
+                ax.plot(x, [sum(curve[t] for curve in curves) / len(curves) for t in x], color=plt.get_cmap("tab10")(c % 10),
                         label=f"{name} ({len(curves)})", marker="o" if key == "eval_acc" else None, linewidth=1.3)
                 if len(curves) > 1:
-                    ax.fill_between(x, [min(y[i] for _, y in curves) for i in range(n)], [max(y[i] for _, y in curves) for i in range(n)],
+                    ax.fill_between(x, [min(curve[t] for curve in curves) for t in x], [max(curve[t] for curve in curves) for t in x],
                                     color=plt.get_cmap("tab10")(c % 10), alpha=0.12)
             if file == "dynamic-clip.png":
                 last = max(r["steps_done"] for name in names for r in study[name].values())
@@ -377,9 +621,185 @@ def draw_figures(study: dict, out_dir: str, window: int = 5) -> list[str]:
     return written
 
 
+# --- what the study could detect --------------------------------------------------------------------------------
+
+# The paper's Table 1, R1-Distill-Qwen-1.5B, avg@k in %: AIME24, AIME25, HMMT25, MATH500, AMC23.
+PAPER_BENCHMARKS = ("AIME24", "AIME25", "HMMT25", "MATH500", "AMC23")
+PAPER_TABLE1 = {"grpo": (33.4, 28.1, 16.6, 88.3, 79.3), "dapo": (40.0, 28.4, 19.2, 90.0, 84.4),
+                "ce_gppo_0.5_1": (42.0, 33.9, 21.6, 91.0, 85.9)}
+REGIONS = ("clip_frac_low_neg", "clip_frac_high_pos", "clip_frac_low_pos", "clip_frac_high_neg")
+Z_975, Z_80 = 1.959964, 0.841621  # standard normal quantiles: two-sided 5%, 80% power
+
+
+def pooled_sd(groups) -> tuple[float, int]:
+    """(pooled SD, degrees of freedom) of several samples (each a list of numbers), each weighted by n - 1."""
+    dof = sum(len(g) - 1 for g in groups)
+    ss = sum(sum((v - sum(g) / len(g)) ** 2 for v in g) for g in groups)
+    return (math.sqrt(ss / dof) if dof else math.nan), dof
+
+
+def paper_gains(study: dict, ours: str = "ce_gppo_0.5_1") -> list[dict]:
+    """The paper's 1.5B gains of CE-GPPO (0.5, 1) over GRPO and DAPO, as points on its 5-benchmark average and as the
+    relative cut in error rate (of the average, and the mean of the per-benchmark cuts), carried to this task: the
+    same cut applied to the baseline's final error here (100 - its mean final avg@k)."""
+    out = []
+    ce = PAPER_TABLE1[ours]
+    for base in ("grpo", "dapo"):
+        b = PAPER_TABLE1[base]
+        finals = [r["final_acc"] for r in study.get(base, {}).values() if r.get("final_acc") is not None]
+        if not finals:
+            continue
+        error_here = 100 - 100 * sum(finals) / len(finals)
+        avg_b, avg_ce = sum(b) / len(b), sum(ce) / len(ce)
+        for how, cut in (("cut of the average error", (avg_ce - avg_b) / (100 - avg_b)),
+                         ("mean of the per-benchmark cuts", sum((c - x) / (100 - x) for c, x in zip(ce, b)) / len(b))):
+            out.append({"baseline": base, "gain": avg_ce - avg_b, "how": how, "cut": cut, "error_here": error_here,
+                        "here": cut * error_here})
+    return out
+
+
+def region_fractions(study: dict) -> dict:
+    """Per configuration, the share of response tokens (in %, mean over its runs' steps) in each clip region, and
+    outside the clip interval (the four summed); also the beta1 and beta2 regions over steps 1-10 alone."""
+    out = {}
+    for name, runs in study.items():
+        rows = [r for run in runs.values() for r in run.get("steps", []) if all(r.get(k) is not None for k in REGIONS)]
+        if not rows:
+            continue
+        mean = {k: 100 * sum(r[k] for r in rows) / len(rows) for k in REGIONS}
+        early = [r for r in rows if r["step"] <= 10]
+        out[name] = {**mean, "outside": sum(mean.values()),
+                     **{f"{k}_first10": 100 * sum(r[k] for r in early) / len(early) for k in REGIONS[:2] if early}}
+    return out
+
+
+def detectability(study: dict, baseline: str = "grpo", primary=STUDY_DEFAULT, seed_counts=range(2, 11)) -> tuple[str, dict]:
+    """What the study could detect, as markdown, and the numbers behind its figure: the SD of the final paired
+    differences against the baseline (pooled over the comparisons with 5 seeds, over all of the protocol's, and
+    over those with 3), the minimum detectable difference at 80% power (two-sided paired t-test at 5%) per seed
+    count, the paper's gains carried to this task with their power, and per configuration the token shares of the
+    clip regions over the run."""
+    base = study.get(baseline, {})
+    diffs = {}
+    for name in study:
+        if name == baseline or name not in primary:
+            continue
+        pairs = [100 * (run["final_acc"] - base[s]["final_acc"]) for s, run in study[name].items()
+                 if s in base and run.get("final_acc") is not None and base[s].get("final_acc") is not None]
+        if len(pairs) > 1:
+            diffs[name] = pairs
+    if not diffs:
+        return "", {}
+    counts = sorted({len(v) for v in diffs.values()}, reverse=True)
+    sds = [(f"the {sum(len(v) == n for v in diffs.values())} with {n} seeds", *pooled_sd([v for v in diffs.values() if len(v) == n]))
+           for n in counts]
+    sds.insert(1 if len(counts) > 1 else 0, (f"all {len(diffs)} of the protocol's", *pooled_sd(list(diffs.values()))))
+    sds = sds if len(counts) > 1 else sds[:1]
+    main_sd = next(sd for label, sd, _ in sds if label.startswith("all"))
+    mde = {n: [min_detectable(sd, n) for _, sd, _ in sds] for n in seed_counts}
+    gains = paper_gains(study)
+    for g in gains:
+        g["power"] = {n: paired_power(g["here"], main_sd, n) for n in (3, 5)}
+        g["seeds_needed"] = math.ceil(((Z_975 + Z_80) * main_sd / g["here"]) ** 2) + 1 if g["here"] > 0 else None
+    regions = region_fractions(study)
+
+    lines = [f"Final avg@k, each configuration minus {baseline} on the same seed, in points.", "",
+             f"**The noise.** The per-seed differences from {baseline} scatter with these SDs (pooled, each comparison "
+             "weighted by its degrees of freedom):", "", "| comparisons | pooled SD of the paired differences | degrees of freedom |",
+             "|---|---|---|", *[f"| {label} | {sd:.2f} | {dof} |" for label, sd, dof in sds], "",
+             "Per comparison: " + ", ".join(f"{n} {pooled_sd([v])[0]:.2f} ({len(v)})" for n, v in diffs.items()) + ".", "",
+             "**The smallest true difference found with 80% power** (two-sided paired t-test at 5%, per number of seeds):",
+             "", "| seeds | " + " | ".join(f"SD {sd:.2f}" for _, sd, _ in sds) + " |", "|---" * (len(sds) + 1) + "|",
+             *[f"| {n} | " + " | ".join(f"{m:.1f}" for m in mde[n]) + " |" for n in seed_counts]]
+    if gains:
+        lines += ["", "**The paper's gains, carried to this task.** The paper's Table 1 (R1-Distill-Qwen-1.5B, avg@k on "
+                  f"{', '.join(PAPER_BENCHMARKS)}): GRPO {', '.join(map(str, PAPER_TABLE1['grpo']))}; DAPO "
+                  f"{', '.join(map(str, PAPER_TABLE1['dapo']))}; CE-GPPO (0.5, 1) {', '.join(map(str, PAPER_TABLE1['ce_gppo_0.5_1']))}. "
+                  "Taken as the same relative cut in error rate, applied to the baseline's final error here:", "",
+                  f"| CE-GPPO (0.5, 1) over | paper: gain in points (mean of 5) | read as | cut in error | error here | "
+                  f"gain here (points) | power, 3 / 5 seeds (SD {main_sd:.2f}) | seeds for 80% power |",
+                  "|---|---|---|---|---|---|---|---|",
+                  *[f"| {g['baseline']} | +{g['gain']:.2f} | {g['how']} | {100 * g['cut']:.1f}% | {g['error_here']:.1f} | "
+                    f"+{g['here']:.2f} | {100 * g['power'][3]:.0f}% / {100 * g['power'][5]:.0f}% | about {g['seeds_needed']} |"
+                    for g in gains]]
+    if regions:
+        lines += ["", "**Where the betas act.** Share of response tokens per step (%, mean over the run's steps and seeds) in "
+                  "CE-GPPO's beta1 region (ratio below 1 - eps, A < 0: `clip_frac_low_neg`), its beta2 region (above "
+                  "1 + eps, A > 0: `clip_frac_high_pos`), and outside the clip interval at all (the four regions summed); "
+                  "each counted against the objective's own interval:", "",
+                  "| config | beta1 region | beta2 region | outside the interval | beta1 / beta2 region, steps 1-10 |",
+                  "|---|---|---|---|---|",
+                  *[f"| {n} | {r['clip_frac_low_neg']:.3f} | {r['clip_frac_high_pos']:.3f} | {r['outside']:.3f} | "
+                    f"{r.get('clip_frac_low_neg_first10', math.nan):.3f} / {r.get('clip_frac_high_pos_first10', math.nan):.3f} |"
+                    for n, r in regions.items()]]
+        notes = {"gspo": "GSPO's interval is on its sequence-level ratio (eps 3e-4 / 4e-4), so its regions count "
+                         "whole responses", "cispo": "CISPO has no lower bound (eps_low 1.0), so nothing is below it"}
+        lines += ["", "; ".join(text for name, text in notes.items() if name in regions) + "."] if any(
+            n in regions for n in notes) else []
+    if gains and 5 in mde:
+        here = [g["here"] for g in gains]
+        power5 = [g["power"][5] for g in gains]
+        lines += ["", f"**In short:** with 5 seeds a true difference of {min(mde[5]):.1f}-{max(mde[5]):.1f} points is "
+                  f"found 4 times in 5; the paper's gains, carried to this task, are {min(here):.2f}-{max(here):.2f} "
+                  f"points and would be found {100 * min(power5):.0f}-{100 * max(power5):.0f}% of the time. A null "
+                  "result here was expected whether or not the paper is right."]
+    data = {"sds": sds, "main_sd": main_sd, "mde": mde, "gains": gains, "regions": regions}
+    return "\n".join(line if line.startswith("|") else para(line) for line in lines), data
+
+
+def draw_detectability(data: dict, path: str) -> str | None:
+    """Power against the true difference (3, 5 and 10 seeds), the minimum detectable difference per seed count, and
+    the clip regions' token shares per configuration, with the paper's gains carried to this task marked."""
+    if not data:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.6))
+    sd, here = data["main_sd"], [g["here"] for g in data["gains"]]
+    ax = axes[0]
+    deltas = [0.1 * i for i in range(0, 101)]
+    for n, c in ((3, "C0"), (5, "C1"), (10, "C2")):
+        ax.plot(deltas, [paired_power(d, sd, n) for d in deltas], color=c, label=f"{n} seeds")
+    ax.axhline(0.8, color="k", linestyle=":", linewidth=0.8)
+    if here:
+        ax.axvspan(min(here), max(here), color="C3", alpha=0.25, label="the paper's gains, carried here")
+    ax.set(xlabel="true difference in final avg@8 (points)", ylabel="power (paired t-test, two-sided 5%)",
+           title=f"power at the pooled paired SD {sd:.2f}", ylim=(0, 1))
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    ns = sorted(data["mde"])
+    for i, (label, s, _) in enumerate(data["sds"]):
+        ax.plot(ns, [data["mde"][n][i] for n in ns], marker="o", label=f"SD {s:.2f}: {label}")
+    if here:
+        ax.axhspan(min(here), max(here), color="C3", alpha=0.25, label="the paper's gains, carried here")
+    ax.set_yscale("log")
+    ax.set(xlabel="seeds", ylabel="points (log scale)", title="smallest difference found with 80% power")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    ax = axes[2]
+    regions = {n: r for n, r in data["regions"].items() if r["outside"] < 5}  # GSPO's sequence-level interval is apart
+    names = list(regions)[::-1]
+    left = [0.0] * len(names)
+    for key, label in ((REGIONS[0], "beta1 region"), (REGIONS[1], "beta2 region"), (REGIONS[2], "below, A > 0"),
+                       (REGIONS[3], "above, A < 0")):
+        values = [regions[n][key] for n in names]
+        ax.barh(names, values, left=left, label=label)
+        left = [a + b for a, b in zip(left, values)]
+    left_out = ", ".join(f"{n}: {r['outside']:.0f}%" for n, r in data["regions"].items() if n not in regions)
+    ax.set(xlabel="% of response tokens per step, mean over the run",
+           title="tokens outside the clip interval" + (f" (left out, {left_out})" if left_out else ""))
+    ax.tick_params(axis="y", labelsize=7)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def main():
-    import flags  # the shared help formatter
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=flags.HelpFormatter, allow_abbrev=False)
+    import flags  # the shared help formatter, and the one-line error of train.py's parser
+    parser = flags.Parser(prog="study.py", description=__doc__, formatter_class=flags.HelpFormatter, allow_abbrev=False)
     parser.add_argument("--preset", default="tiny", help="train.py preset: task, model and the update's settings")
     parser.add_argument("--steps", type=int, default=50, help="RL steps per run")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
@@ -390,24 +810,41 @@ def main():
     parser.add_argument("--json", default=None, help="the study's JSON, updated with the runs found (default: docs/figures/study-<preset>.json)")
     parser.add_argument("--mechanism", default=None, help="the one-step experiment's JSON, set beside the runs "
                         "(default: docs/figures/mechanism-<preset>-warm.json, where it exists)")
-    parser.add_argument("--plot-only", action="store_true", help="only redraw from existing runs")
+    parser.add_argument("--plot-only", action="store_true", help="only redraw from existing runs (the report mode)")
     parser.add_argument("--no-plot", action="store_true", help="only run, do not draw")
     parser.add_argument("--parallel", type=int, default=1, help="runs at once (each gets cores / parallel threads)")
     args, train_flags = parser.parse_known_args()  # any other flag is a train.py flag, for every run
-    flags.parse_args(["--preset", args.preset, *train_flags], prog="study.py")  # a bad one ends here
-    names = [c for c in args.configs.split(",") if c]
-    unknown = [c for c in names if c not in CONFIGS]
-    if unknown:
-        parser.error(f"unknown config(s) {unknown}; choose from {list(CONFIGS)}")
-    seeds = [int(s) for s in args.seeds.split(",") if s]
-    root = os.path.join(args.root, args.preset)
-    figures = args.figures or os.path.join(ROOT, "docs", "figures", f"study-{args.preset}")
-    extra = train_flags + (["--eval-every", str(args.eval_every)] if args.eval_every is not None else [])
-    start = time.time()
+    # Every input error ends here, in one line with exit code 2, before any run starts.
+    for token in flags.dash_flags(train_flags):
+        name = token.split("=", 1)[0]
+        if name in OWNED:
+            parser.error(f"{name} is set by study.py for every run{f' (use {OWNED[name]})' if OWNED[name] else ''}; "
+                         "it cannot be passed through to train.py")
+    try:
+        seeds = list(dict.fromkeys(int(s) for s in args.seeds.split(",") if s.strip()))
+    except ValueError:
+        parser.error(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2")
+    if not seeds:
+        parser.error("--seeds: no seed given")
+    if args.steps < 1:
+        parser.error(f"--steps {args.steps}: must be >= 1")
     if args.parallel < 1:
         parser.error("--parallel must be >= 1")
+    names = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in names if c not in CONFIGS]
+    if unknown or not names:
+        parser.error(f"unknown config(s) {unknown}; choose from {', '.join(CONFIGS)}" if unknown else "--configs: none given")
     if args.mechanism and not os.path.isfile(args.mechanism):
         parser.error(f"--mechanism: no such file {args.mechanism}")
+    extra = train_flags + (["--eval-every", str(args.eval_every)] if args.eval_every is not None else [])
+    settings = flags.parse_args(["--preset", args.preset, *extra], prog="study.py")  # a bad train.py flag ends here
+    if not args.plot_only:
+        for name in names:  # each configuration's flags with the passed ones, as its runs will get them
+            flags.parse_args(["--preset", args.preset, *CONFIGS[name], "--seed", str(seeds[0]), "--max-steps",
+                              str(args.steps), *extra], prog="study.py")
+    root = os.path.join(args.root, args.preset)
+    figures = args.figures or os.path.join(ROOT, "docs", "figures", f"study-{args.preset}")
+    start = time.time()
     if not args.plot_only:
         jobs = [(name, seed) for seed in seeds for name in names]  # seed-major: an interrupted study has whole seeds first
         threads = max(1, (os.cpu_count() or 1) // args.parallel) if args.parallel > 1 else None
@@ -418,6 +855,9 @@ def main():
         if failed:
             sys.exit("\n".join(failed))
     study = collect(args.json or os.path.join(ROOT, "docs", "figures", f"study-{args.preset}.json"), root, names, seeds)
+    missing = missing_evaluations(study, settings.eval_every, settings.eval_before_train)
+    for line in missing:
+        print(f"[study] planned evaluation missing: {line}")
     if args.no_plot:
         return
     os.makedirs(figures, exist_ok=True)
@@ -429,6 +869,8 @@ def main():
     table = table1(finished)
     if unfinished:
         table += f"\n\nNot finished (left out above): {', '.join(unfinished)}."
+    if missing:
+        table += (f"\n\nPlanned evaluations missing (their runs' best avg@k is over the others): {'; '.join(missing)}.")
     with open(os.path.join(figures, "table1.md"), "w") as f:
         f.write(table + "\n")
     mechanism_path = args.mechanism or os.path.join(ROOT, "docs", "figures", f"mechanism-{args.preset}-warm.json")
@@ -436,6 +878,11 @@ def main():
     with open(os.path.join(figures, "verdicts.md"), "w") as f:
         f.write(verdicts(finished, mechanism) + "\n")
     written = draw_figures(finished, figures)  # means over whole runs only
+    text, data = detectability(finished)
+    if text:
+        with open(os.path.join(figures, "detectability.md"), "w") as f:
+            f.write(text + "\n")
+        written.append(draw_detectability(data, os.path.join(figures, "detectability.png")))
     print(table)
     print(f"[study] total {time.time() - start:.0f}s; table and figures in {figures}: {', '.join(map(os.path.basename, written))}")
 

@@ -42,6 +42,7 @@ import sys
 import time
 
 import torch
+from tqdm.auto import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -211,6 +212,8 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
                                                                            max_model_len=base.max_prompt_len + base.max_response_len)))
     policy0 = train.make_policy(base, model, optimizer, pad_id, device)
     # The fixed sets: probe responses sampled once from the start weights; fresh-sample prompts for the check.
+    print(f"[mechanism] {preset}, {start} start: sampling the probe set ({probe_prompts} prompts x 2) and the fresh set "
+          f"({fresh_prompts} prompts) from the start weights ...", flush=True)
     held = data.PromptStream(rows, seed=999_999).next_batch(probe_prompts + fresh_prompts)
     probe = micro_batches(sample_set(sampler, policy0, tokenizer, held[:probe_prompts], base, 777, 2), policy0)
     fresh_rows, fresh_seed = held[probe_prompts:], 888
@@ -232,7 +235,8 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
         correct = rewards == 1.0
         kept, advantages = train.select_groups(rewards, correct, base)
         record = {"batch": b, "kept_groups": len(kept), "response_length": lengths.mean().item(), "configs": {}}
-        for name, args in config_args.items():
+        for name, args in tqdm(config_args.items(), desc=f"[mechanism] batch {b + 1}/{batches}", unit="config",
+                               leave=False, mininterval=2.0):  # a batch takes minutes: show which config runs
             model.load_state_dict(start_model)
             optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
             optimizer.load_state_dict(copy.deepcopy(start_optimizer))  # load_state_dict keeps the tensors: a step

@@ -63,6 +63,7 @@ PAPER = {
     },
 }
 PAPER_K = dict(aime24=32, aime25=32, hmmt25=32, math500=4, amc23=32)
+DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")  # what vLLM's --dtype takes: checked before it starts
 # --- metrics ------------------------------------------------------------------------------------
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -213,7 +214,7 @@ def parse_args(argv=None):
     parser.add_argument("--responses", action="store_true", help="also store every response text in the JSON")
     parser.add_argument("--compare", default=None, choices=sorted(PAPER), help="add the paper's rows for this model to the table")
     parser.add_argument("--sampler", default="auto", choices=["auto", "vllm", "hf"], help="sampling backend")
-    parser.add_argument("--dtype", default="auto", help="model dtype for vLLM (auto, bfloat16, float32)")
+    parser.add_argument("--dtype", default="auto", choices=DTYPES, help="model dtype for vLLM")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     args = parser.parse_args(argv)
     args.benchmarks = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
@@ -254,11 +255,20 @@ def main(argv=None):
 
     import models
     import rollout
+    import runfolder as RF
     import transformers
     transformers.utils.logging.disable_progress_bar()
-    model_path = models.resolve_model(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    context = AutoConfig.from_pretrained(model_path).max_position_embeddings
+    # a checkpoint is exported once (beside it, or into a cache where it cannot be written) before models looks at it
+    if os.path.isfile(os.path.join(args.model, ".metadata")):  # a checkpoint, or a .tmp one whose write did not finish
+        RF.check_finished(args.model)
+    source = RF.exported(args.model) if os.path.isdir(args.model) and RF.is_checkpoint(args.model) else args.model
+    model_path = models.resolve_model(source)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        context = AutoConfig.from_pretrained(model_path).max_position_embeddings
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # an unknown model_type, a broken file
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise UserError(f"--model {args.model}: cannot load its tokenizer and config ({type(e).__name__}: {first})") from None
     plan = {}  # benchmark -> (problems that fit, skipped ids, longest prompt, k, max tokens)
     for b in args.benchmarks:
         settings = heldout.sampling_settings(b)

@@ -10,6 +10,8 @@ import inspect
 import json
 import math
 import os
+import stat
+import struct
 import sys
 from dataclasses import dataclass, field, fields
 
@@ -198,6 +200,17 @@ def validate(a: Args) -> list[str]:
         value = getattr(a.loss, name)
         if isinstance(value, (int, float)) and math.isfinite(value) and value > 100:
             problems.append(f"--{name} must be at most 100 (it scales the loss's gradient; the paper uses 0.5 to 1), got {value}")
+    # Bounds in the dtype the run computes in: a float that float32 rounds to 0 or inf (--tau-pos 1e-46, --kl-coef
+    # 1e39) would be a different setting from the one given, silently.
+    for name, value in flat_flags(a).items():
+        if isinstance(value, float) and math.isfinite(value) and value != 0:
+            try:
+                single = struct.unpack("f", struct.pack("f", value))[0]
+            except OverflowError:
+                single = math.inf
+            if single == 0 or math.isinf(single):
+                problems.append(f"--{name.replace('_', '-')} {value} is {'0' if single == 0 else 'inf'} in float32, the "
+                                f"dtype the run computes in (it holds sizes from 1.4e-45 to 3.4e38)")
     if problems:
         return problems
     if a.min_response_len > a.max_response_len:
@@ -258,36 +271,136 @@ def parse_args(argv=None, description: str = "", prog: str = "train.py") -> Args
     return args
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config file is a page of flags; a larger one is a mistake (or a trap), refused unread
+# Names other trainers (HF Trainer, TRL) give these settings: a config or command line using them gets this hint.
+SYNONYMS = {"learning_rate": "lr", "num_generations": "n", "group_size": "n", "max_grad_norm": "grad_clip",
+            "max_completion_length": "max_response_len", "max_prompt_length": "max_prompt_len",
+            "num_train_steps": "max_steps", "epsilon": "eps_low", "epsilon_high": "eps_high", "beta": "kl_coef",
+            "warmup": "warmup_steps", "model_name_or_path": "model", "dataset": "train_data"}
+
+
+def closest_flag(name: str, names) -> str | None:
+    """The flag a mistyped or foreign name most likely means (SYNONYMS first, then spelling), or None."""
+    name = name.lstrip("-").replace("-", "_")
+    if name in SYNONYMS and SYNONYMS[name] in names:
+        return SYNONYMS[name]
+    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def read_config(path: str, parser) -> tuple[dict, str | None]:
-    """(flag values, preset or None) from a --config file; a bad file or an unknown name is one error line."""
+    """(flag values, preset or None) from a --config file; a bad file or an unknown name is one error line. Read as a
+    regular file of at most MAX_CONFIG_BYTES (a FIFO would block, a huge file exhaust memory); YAML without anchors or
+    aliases (their expansion is exponential), duplicate keys refused in YAML and JSON, and YAML 1.2's numbers (1e-4 is a
+    float, as in JSON). A run's own config.json works: its `flags`, without `resume` (how that run started, not a
+    setting: a rerun from it is a new run)."""
+    def fail(why):
+        parser.error(f"--config {path}: {why}")
     try:
-        with open(path) as f:
-            text = f.read()
-        if path.endswith((".yaml", ".yml")):
-            import yaml
-            values = yaml.safe_load(text)
-        else:
-            values = json.loads(text)
-    except (OSError, ValueError) as e:
-        parser.error(f"--config {path}: cannot read it ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without waiting for a writer, then is refused
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                fail("not a regular file (a FIFO, device or folder)")
+            if info.st_size > MAX_CONFIG_BYTES:
+                fail(f"{info.st_size} bytes; a config file is at most {MAX_CONFIG_BYTES} bytes")
+            raw = os.read(fd, MAX_CONFIG_BYTES + 1)
+        finally:
+            os.close(fd)
+        if len(raw) > MAX_CONFIG_BYTES:
+            fail(f"more than {MAX_CONFIG_BYTES} bytes; a config file is at most that")
+        text = raw.decode("utf-8")
+    except OSError as e:
+        fail(f"cannot read it ({e.strerror})")
+    except UnicodeDecodeError:
+        fail("not a UTF-8 text file")
+    yaml_file = path.endswith((".yaml", ".yml"))
+    try:
+        values = _load_yaml(text) if yaml_file else json.loads(text, object_pairs_hook=_no_duplicates)
+    except _Duplicate as e:
+        fail(f"the key {_short(e.args[0])} appears twice")
+    except _Alias as e:
+        fail(f"YAML anchors and aliases are not accepted ({e.args[0]})")
+    except (ValueError, RecursionError) as e:
+        fail(f"cannot read it ({type(e).__name__}: {_short(str(e).splitlines()[0] if str(e) else '', 200, quote=False)})")
     except Exception as e:  # yaml's parse errors
-        parser.error(f"--config {path}: not valid YAML ({str(e).splitlines()[0][:200]})")
+        fail(f"not valid YAML ({_short(str(e).splitlines()[0] if str(e) else type(e).__name__, 200, quote=False)})")
     if not isinstance(values, dict):
-        parser.error(f"--config {path}: must hold a mapping of flag names to values")
+        fail("must hold a mapping of flag names to values")
     preset = values.get("preset") if isinstance(values.get("preset"), str) else None
-    values = values["flags"] if isinstance(values.get("flags"), dict) else {k: v for k, v in values.items() if k != "preset"}
+    run_config = isinstance(values.get("flags"), dict)
+    values = values["flags"] if run_config else {k: v for k, v in values.items() if k != "preset"}
     kinds = {f.name: field_type(f) for f in RUN_FIELDS + LOSS_FIELDS}
     out = {}
     for key, value in values.items():
         name = str(key).lstrip("-").replace("-", "_")
+        if name == "resume":
+            if run_config:
+                continue  # an older run's config.json saved it; a rerun from it is a new run
+            fail("resume is not a setting of a run; pass --resume on the command line")
         if name not in kinds:
-            parser.error(f"--config {path}: unknown flag {key!r}{L.did_you_mean(name, kinds)}")
+            close = closest_flag(name, kinds)
+            fail(f"unknown flag {_short(key)}" + (f"; did you mean {close!r}?" if close else ""))
+        if name in out:
+            fail(f"{name} is given twice (as {_short(key)})")
         kind = kinds[name]
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool)) or (kind is float and isinstance(value, int) and not isinstance(value, bool))
         if not ok:
-            parser.error(f"--config {path}: {key} must be a {kind.__name__}, got {value!r}")
+            fail(f"{_short(key, quote=False)} must be a {kind.__name__}, got {type(value).__name__} {_short(value)}")
         out[name] = float(value) if kind is float else value
     return out, preset
+
+
+def _short(value, limit=60, quote=True) -> str:
+    """A value for a message: repr'd and cut, so a huge value is not printed whole."""
+    text = repr(value) if quote else str(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+class _Duplicate(ValueError):
+    pass
+
+
+class _Alias(ValueError):
+    pass
+
+
+def _no_duplicates(pairs):
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(key)
+        out[key] = value
+    return out
+
+
+def _load_yaml(text):
+    """yaml.safe_load with anchors and aliases refused (before anything is built), duplicate keys refused, and YAML
+    1.2's float syntax (1e-4, not only 1.0e-4)."""
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                raise _Alias(f"line {event.start_mark.line + 1}")
+            return super().compose_node(parent, index)
+
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if key in seen:
+                    raise _Duplicate(key)
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
+        r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+    return yaml.load(text, Loader=Loader)
 
 
 def dash_flags(argv):
@@ -324,8 +437,9 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit code 2; an unknown flag gets the closest known one
         if message.startswith("unrecognized arguments:"):
             known = [o for action in self._actions for o in action.option_strings]
-            hints = [f"{flag} -> {close[0]}" for flag in message.split(":", 1)[1].split() if flag.startswith("--")
-                     for close in [difflib.get_close_matches(flag.split("=")[0], known, n=1, cutoff=0.6)] if close]
+            names = {o.lstrip("-").replace("-", "_"): o for o in known if o.startswith("--")}
+            hints = [f"{flag} -> {names[close]}" for flag in message.split(":", 1)[1].split() if flag.startswith("--")
+                     for close in [closest_flag(flag.split("=")[0], names)] if close]
             if hints:
                 message += f" (did you mean: {', '.join(hints)}?)"
         self.exit(2, f"{self.prog}: error: {message}\n")

@@ -206,7 +206,12 @@ def token_logprobs_and_entropy(
 # ---------------------------------------------------------------------------------------------
 # logits = hidden @ weight.T (+ bias) is computed per [token chunk x vocab block] tile, in the autocast dtype when
 # autocast is on (bf16), otherwise in the inputs' dtype; the tile is upcast to fp32 and folded into running per-token
-# statistics, then freed. The vocabulary is the outer loop, so that the weight is read (and cast) once per call and
+# statistics, then freed.
+# What it promises under autocast, on every device (GPU, CPUs with or without native bf16): the logits are those
+# autocast's own linear returns, bf16 operands with an fp32 accumulator rounded once to bf16 (bias included), and the
+# softmax, log-probs and entropy are fp32 functions of those bf16 logits; backward feeds bf16-rounded dL/dlogits and
+# bf16 operands to its GEMMs and accumulates in fp32. So the fused head equals the unfused path under autocast (and
+# one device equals another) up to fp32 summation order, not up to bf16 rounding. The vocabulary is the outer loop, so that the weight is read (and cast) once per call and
 # no weight-sized temporary exists; the log-sum-exp and the entropy are merged across vocab blocks online:
 #   per token keep m (max of z so far), s = sum exp(z - m), u = sum exp(z - m) (z - m); a block (m_b, s_b, u_b) merges as
 #   m' = max(m, m_b), a = exp(m - m'), c = exp(m_b - m'),
@@ -221,7 +226,7 @@ def token_logprobs_and_entropy(
 # Torch's CPU GEMM in bf16/fp16 without AVX512-BF16 or AMX is 10-100x slower than in fp32 (0.3-4 vs 25-32 GFLOP/s
 # measured on a 2-core AVX2 EPYC). There the operands, rounded to the half dtype as autocast would, run as an fp32 GEMM:
 # the products of half-precision numbers are exact in fp32 and the GEMM accumulates in fp32 either way; only the
-# rounding of the output tile to bf16 is skipped (so the result is slightly more accurate than a bf16 GEMM's).
+# the fp32 output tile is then rounded to bf16, as a bf16 GEMM rounds its accumulator, so both give the same logits.
 _CPU_HALF_GEMM = bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
                       or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
@@ -258,10 +263,19 @@ def _tile(tokens, vocab, chunk_elements, full_rows):
     return min(max(tokens, 1), max(1, chunk_elements // block)), block
 
 
-def _tile_logits(h, w, b, temperature, acc):
-    z = (h @ w.T).to(acc)  # [chunk, block]; .to is a no-op for an fp32 GEMM
-    if b is not None:
-        z.add_(b)
+def _round_(x, dtype):
+    """x rounded to `dtype` in place (x stays fp32), a slice at a time: no tile-sized temporary."""
+    if x.dtype != dtype:
+        for part in x.view(-1).split(1 << 18):
+            part.copy_(part.to(dtype))
+    return x
+
+
+def _tile_logits(h, w, b, temperature, acc, dtype):
+    z = h @ w.T if b is None else torch.addmm(b, h, w.T)  # [chunk, block]; b in the GEMM dtype, added before rounding
+    # rounded once to the compute dtype on every device (the promise above): a half GEMM's output already is; an fp32
+    # GEMM on half operands is rounded here, as that GEMM would round its accumulator
+    z = z.to(acc) if z.dtype != acc else _round_(z, dtype if dtype in (torch.bfloat16, torch.float16) else acc)
     if temperature != 1.0:
         z.div_(temperature)
     return z
@@ -286,10 +300,10 @@ def _fused_forward(hidden, weight, bias, targets, temperature, dtype, chunk_elem
     for v0 in range(0, vocab, block):
         v1 = min(v0 + block, vocab)
         w = _operand(weight[v0:v1], dtype, gemm)
-        b = None if bias is None else bias[v0:v1].to(dtype).to(acc)
+        b = None if bias is None else _operand(bias[v0:v1], dtype, gemm)
         for n0 in range(0, n, chunk):
             rows = slice(n0, min(n0 + chunk, n))
-            z = _tile_logits(h[rows], w, b, temperature, acc)
+            z = _tile_logits(h[rows], w, b, temperature, acc, dtype)
             y, in_block = _tile_targets(targets[rows], v0, v1)
             m_b = z.amax(dim=-1, keepdim=True)
             z.sub_(m_b)  # z - m_b <= 0: exp cannot overflow
@@ -332,18 +346,19 @@ def _fused_backward(hidden, weight, bias, targets, lse, entropy, g_logp, g_ent, 
     for v0 in range(0, vocab, block):
         v1 = min(v0 + block, vocab)
         w = _operand(weight[v0:v1], dtype, gemm)
-        b = None if bias is None else bias[v0:v1].to(dtype).to(acc)
+        b = None if bias is None else _operand(bias[v0:v1], dtype, gemm)
         # grad_weight's block accumulates in fp32: in the result itself when that is fp32
         gw = (grad_w[v0:v1] if grad_w.dtype == acc else torch.empty(v1 - v0, weight.shape[1], dtype=acc,
                                                                     device=weight.device)) if need_w else None
         for n0 in range(0, n, chunk):
             rows = slice(n0, min(n0 + chunk, n))
-            z = _tile_logits(h[rows], w, b, temperature, acc)
+            z = _tile_logits(h[rows], w, b, temperature, acc, dtype)
             y, in_block = _tile_targets(targets[rows], v0, v1)
             grad = _grad_logits(z, lse[rows], None if g_ent is None else entropy[rows],
                                 None if g_logp is None else g_logp[rows], None if g_ent is None else g_ent[rows],
                                 y, temperature, in_block)
-            g = grad.to(gemm)
+            # bf16 dL/dlogits under autocast, as autocast's linear receives it (in place where the GEMM runs in fp32)
+            g = grad.to(gemm) if gemm != grad.dtype else _round_(grad, dtype if dtype in (torch.bfloat16, torch.float16) else gemm)
             if need_h:
                 _gemm_into(grad_h[rows], g, w, accumulate=v0 > 0)
             if need_w:

@@ -6,9 +6,12 @@
     OUTPUT_DIR/checkpoints/step_N/      model + optimizer (torch.distributed.checkpoint), trainer_state.pt, tokenizer
     OUTPUT_DIR/final/                   the policy in HF format
     OUTPUT_DIR/curves.png               the main metrics, drawn at the end (plot.py)
+    OUTPUT_DIR/.ce-gppo-run             the marker: this folder was created by a run (RUN_MARKER)
 
 Rules:
-  - A new run refuses a folder that holds a run (metrics.jsonl or checkpoints): pass --resume, or another folder.
+  - A run folder is created, never adopted: a new run writes only into a missing or empty folder, or one whose marker
+    says it is a run's; never into the root, a model folder, a checkpoint folder, or a folder inside a run.
+    It refuses a folder that holds a run (metrics.jsonl or checkpoints): pass --resume, or another folder.
   - --resume continues from the newest checkpoint, after checking that it was written by a run with the same
     flags (only those in RESUMABLE may differ); with no checkpoint it starts again from step 0.
   - Rows logged after the checkpoint being resumed (a crash came between), and a torn last line (a crash or a
@@ -24,8 +27,11 @@ import json
 import os
 import pickle
 import random
+import re
 import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
@@ -39,6 +45,10 @@ from data import UserError
 # Flags that may change when a run is resumed: how long it runs and what it logs, not what it computes.
 RESUMABLE = {"max_steps", "save_every", "keep_checkpoints", "eval_every", "log_samples_every", "tensorboard", "wandb",
              "run_name", "resume", "output_dir", "sampler", "gpu_memory_utilization"}
+# Written by the run that created the folder: only a folder holding it (or an empty one) takes a new run.
+RUN_MARKER = ".ce-gppo-run"
+# What the run itself names a checkpoint: step_ and digits. Anything else in checkpoints/ is the user's, never touched.
+CHECKPOINT_NAME = re.compile(r"step_[0-9]+")
 
 # torch.distributed.checkpoint warns on every single-process save/load that it assumes a single process: it is one.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -52,6 +62,15 @@ def crash_point(name: str):
     if os.environ.get("TRAIN_INTERRUPT_AT") == name:
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(1.0)  # the KeyboardInterrupt lands here, at the next bytecode
+    if os.environ.get("TRAIN_TERMINATE_AT") == name:  # as `kill` or a scheduler's preemption would
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1.0)
+
+
+def _program() -> str:
+    """The script the user ran (train.py, evaluate.py, runfolder.py), for messages that name it."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return name if name.endswith(".py") and name != "__main__.py" else "train.py"
 
 
 # --- starting: a new run, or a resume --------------------------------------------------------------
@@ -59,6 +78,7 @@ def crash_point(name: str):
 def check(output_dir: str, resume: bool, flags: dict, log=print) -> str | None:
     """Check the folder before anything expensive (nothing is written but a probe); returns the checkpoint to
     resume from, or None. flags: the run's resolved flags {name: value}."""
+    check_output_folder(output_dir, resume)
     metrics = os.path.join(output_dir, "metrics.jsonl")
     found = checkpoint_dirs(output_dir)
     if D.is_main():
@@ -71,9 +91,6 @@ def check(output_dir: str, resume: bool, flags: dict, log=print) -> str | None:
         except OSError as e:
             raise UserError(f"--output-dir {output_dir}: cannot write there ({e.strerror})") from None
     if not resume:
-        if os.path.exists(metrics) or found:
-            raise UserError(f"{output_dir} holds a run ({'checkpoints' if found else 'metrics.jsonl'}): pass --resume to "
-                            "continue it, or choose another --output-dir")
         return None
     if found:
         saved = check_checkpoint(found[-1], others=found[:-1]).get("flags", {})
@@ -88,10 +105,92 @@ def check(output_dir: str, resume: bool, flags: dict, log=print) -> str | None:
     return None
 
 
+def check_output_folder(output_dir: str, resume: bool):
+    """What a run may write into (nothing is written here): a missing or empty folder, or one this project's run
+    created (its RUN_MARKER); with resume also a run folder written before markers existed. Never the root, a model
+    folder (config.json and weights), a checkpoint folder, or a folder inside a run (its final/, checkpoints/, ...)."""
+    flag = f"--output-dir {output_dir}"
+    real = os.path.realpath(output_dir)
+    if os.path.dirname(real) == real:
+        raise UserError(f"{flag} is the root of the file system; a run writes into a folder of its own")
+    parent = os.path.dirname(real)
+    while os.path.dirname(parent) != parent:  # a run's parts (final/, checkpoints/step_N, eval/) are not run folders
+        if _has_marker(parent):
+            raise UserError(f"{flag} is inside the run folder {parent}; choose a folder outside it")
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(output_dir):
+        return  # missing (created later), or not a folder (creating it says why)
+    try:
+        names = set(os.listdir(output_dir)) - {".lock", RUN_MARKER}
+    except OSError as e:
+        raise UserError(f"{flag}: cannot read it ({e.strerror})") from None
+    if is_checkpoint(output_dir) or ".metadata" in names:
+        raise UserError(f"{flag} is a checkpoint folder; a run writes into a folder of its own")
+    if _is_model_folder(output_dir, names):
+        raise UserError(f"{flag} is a model folder (config.json and weights); a run writes into a folder of its own")
+    found = checkpoint_dirs(output_dir)
+    traces = "metrics.jsonl" in names or os.path.isdir(os.path.join(output_dir, "checkpoints"))
+    if not resume and (traces or found):
+        raise UserError(f"{output_dir} holds a run ({'checkpoints' if found else 'metrics.jsonl'}): pass --resume to "
+                        "continue it, or choose another --output-dir")
+    if not names or _has_marker(output_dir):
+        return
+    if resume and (traces or "config.json" in names and _is_run_config(os.path.join(output_dir, "config.json"))):
+        return  # a run from before the marker; check() reads it
+    shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
+    raise UserError(f"{flag} holds files of its own ({shown}) and no run; a run writes only into a new or empty "
+                    "folder, or its own run folder")
+
+
+def _has_marker(folder) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(os.path.join(folder, RUN_MARKER)).st_mode)
+    except OSError:
+        return False
+
+
+def _is_model_folder(folder, names) -> bool:
+    weights = any(n.endswith((".safetensors", ".bin", ".safetensors.index.json")) or n == "model.pt" for n in names)
+    return "config.json" in names and weights
+
+
+def _is_run_config(path) -> bool:
+    """A run's config.json (an object with flags), or one too broken to tell: check() then names what is wrong."""
+    if not os.path.isfile(path) or os.path.getsize(path) > 2**24:
+        return True
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return True
+    return not isinstance(value, dict) or isinstance(value.get("flags"), dict)
+
+
+def _open_regular(path, what):
+    """A descriptor on the regular file `path`, created if missing: never through a symbolic link (O_NOFOLLOW), never a
+    FIFO or device (O_NONBLOCK, then checked), never a file with other hard links (writing it would write them)."""
+    if os.path.islink(path):
+        raise UserError(f"{what}: {path} is a symbolic link; refusing to follow it (remove it)")
+    flags_ = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags_, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UserError(f"{what}: {path} is a symbolic link; refusing to follow it (remove it)") from None
+        raise UserError(f"{what}: cannot write there ({e.strerror})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        kind = "not a regular file" if not stat.S_ISREG(info.st_mode) else f"a file with {info.st_nlink} hard links"
+        raise UserError(f"{what}: {path} is {kind}; refusing to write it (remove it)")
+    return fd
+
+
 class OutputLock:
     """An exclusive flock on OUTPUT_DIR/.lock, held for the run's life: the kernel drops it when the process ends,
     however it ends (kill -9 included), so a dead run never blocks the folder. The file says who holds it; a clean
-    release empties it, so text left in a lock nobody holds is a run that died."""
+    release empties it, so text left in a lock nobody holds is a run that died. The lock is a regular file of the
+    folder's own, opened without following links: a planted link or hard link is refused, its target never written."""
 
     def __init__(self, path, handle):
         self.path, self._handle = path, handle
@@ -99,7 +198,7 @@ class OutputLock:
     def release(self):
         if self._handle is not None:
             try:
-                self._handle.truncate(0)
+                self._handle.truncate(0)  # the descriptor of the regular file opened in lock_output_dir, not the path
                 self._handle.flush()
             except OSError:
                 pass
@@ -113,18 +212,20 @@ class OutputLock:
         self.release()
 
 
-def lock_output_dir(output_dir: str, log=print) -> OutputLock:
-    """Take the output folder for this run (rank 0; call before anything is written there). Another live run or
-    resume on the same folder -> UserError at once, naming it; a lock left by a process that died is reported and
-    taken over."""
+def lock_output_dir(output_dir: str, log=print, resume: bool = False) -> OutputLock:
+    """Take the output folder for this run (rank 0; call before anything is written there). A folder no run may write
+    into (check_output_folder) -> UserError before anything is created. Another live run or resume on the same folder
+    -> UserError at once, naming it; a lock left by a process that died is reported and taken over. Marks the folder
+    as a run's (RUN_MARKER)."""
     import fcntl
-    import socket
+    check_output_folder(output_dir, resume)
+    flag = f"--output-dir {output_dir}"
     path = os.path.join(output_dir, ".lock")
     try:
         os.makedirs(output_dir, exist_ok=True)
-        handle = open(path, "a+")  # not "w": truncating would erase the holder's note before we know we may
     except OSError as e:
-        raise UserError(f"--output-dir {output_dir}: cannot write there ({e.strerror})") from None
+        raise UserError(f"{flag}: cannot write there ({e.strerror})") from None
+    handle = os.fdopen(_open_regular(path, flag), "r+")  # not truncated: the holder's note is read first
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -132,8 +233,8 @@ def lock_output_dir(output_dir: str, log=print) -> OutputLock:
         holder = _lock_note(handle.read(4096))
         handle.close()
         if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise UserError(f"--output-dir {output_dir}: cannot lock {path} ({e.strerror})") from None
-        raise UserError(f"--output-dir {output_dir} is in use by another run ({holder or 'holder unknown'}); wait "
+            raise UserError(f"{flag}: cannot lock {path} ({e.strerror})") from None
+        raise UserError(f"{flag} is in use by another run ({holder or 'holder unknown'}); wait "
                         "for it to end, or choose another --output-dir") from None
     handle.seek(0)
     left = _lock_note(handle.read(4096))
@@ -144,7 +245,15 @@ def lock_output_dir(output_dir: str, log=print) -> OutputLock:
     handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": sys.argv[:8]}) + "\n")
     handle.flush()
-    return OutputLock(path, handle)
+    lock = OutputLock(path, handle)
+    try:
+        if not _has_marker(output_dir):
+            with os.fdopen(_open_regular(os.path.join(output_dir, RUN_MARKER), flag), "w") as f:
+                f.write(json.dumps({"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": socket.gethostname()}) + "\n")
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def _lock_note(text) -> str:
@@ -157,15 +266,36 @@ def _lock_note(text) -> str:
 
 def begin(output_dir: str, resume: bool, resume_from: str | None, flags: dict, info: dict, log=print):
     """Start writing: on resume, set aside the rows logged after the checkpoint (or all of them, with none) and any
-    torn line; write config.json (the flags, and info: preset, versions, ...)."""
+    torn line; write config.json (the flags, and info: preset, versions, ...). A resume keeps the launch's command and
+    start and appends its own (command, time, host, commit) to `resumes`. `resume` is how this process started, not a
+    setting of the run: it is not saved, so a rerun from config.json starts a new run."""
+    flags = {k: v for k, v in flags.items() if k != "resume"}
     if D.is_main():
+        path = os.path.join(output_dir, "config.json")
         if resume:
             metrics = os.path.join(output_dir, "metrics.jsonl")
             keep_rows_up_to(metrics, step_of(resume_from) if resume_from else 0, log)
             if resume_from:
                 restore_row(metrics, read_trainer_state(resume_from).get("row"), log)
-        write_json_atomically(os.path.join(output_dir, "config.json"), {**info, "flags": flags})
+            info = _with_resume(info, path)
+        write_json_atomically(path, {**info, "flags": flags})
     D.barrier()
+
+
+def _with_resume(info: dict, path: str) -> dict:
+    """info with the launch (command, started, host, versions, commit) read back from config.json, and this resume
+    appended to its `resumes`; info as it is where config.json holds no earlier launch."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            before = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return info
+    if not isinstance(before, dict) or "command" not in before:
+        return info
+    segment = {k: info.get(k) for k in ("command", "started", "host", "git_commit", "world_size")}
+    resumes = before.get("resumes") if isinstance(before.get("resumes"), list) else []
+    launch = {k: before[k] for k in ("command", "started", "host", "versions", "git_commit", "world_size") if k in before}
+    return {**info, **launch, "resumes": resumes + [segment]}
 
 
 def _check_same_run(saved: dict, flags: dict, what: str):
@@ -203,6 +333,7 @@ def run_info(preset: str) -> dict:
         "git_commit": (commit + ("-dirty" if dirty else "")) or None,
         "command": sys.argv,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": socket.gethostname(),
         "world_size": D.world_size(),
     }
 
@@ -223,7 +354,7 @@ def check_model_folder(path: str, flag: str = "--model"):
         raise UserError(f"{flag} {path}: config.json names no model_type (not an HF model config)")
     if ".metadata" in names and any(n.endswith(".distcp") for n in names):
         raise UserError(f"{flag} {path} is a training checkpoint, not a model folder: export it first with "
-                        f"python -c \"import runfolder; runfolder.export_hf('{path}', 'OUT')\"")
+                        f"python runfolder.py export {path} OUT")
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if index in names:
             weight_map = read_json_object(os.path.join(path, index), f"{flag} ").get("weight_map")
@@ -338,13 +469,21 @@ def restore_row(metrics_path: str, row, log=print):
         "it from the checkpoint, without eval_acc")
 
 
-def interrupted(output_dir: str, program: str = "train.py") -> str:
-    """The line a run stopped by Ctrl-C ends with: what is kept, and how to go on."""
+def interrupted(output_dir: str, program: str = "train.py", how: str = "interrupted") -> str:
+    """The line a run stopped by Ctrl-C (or SIGTERM: how="terminated") ends with: what is kept, and how to go on."""
     found = checkpoint_dirs(output_dir)
     if found:
-        return (f"{program}: interrupted; the last checkpoint, {found[-1]}, is kept: pass --resume to continue from "
+        return (f"{program}: {how}; the last checkpoint, {found[-1]}, is kept: pass --resume to continue from "
                 f"step {step_of(found[-1])}")
-    return f"{program}: interrupted before the first checkpoint; --resume starts again from step 0"
+    return f"{program}: {how} before the first checkpoint; --resume starts again from step 0"
+
+
+def kept_note(output_dir: str) -> str:
+    """What a run stopped by an error leaves to go on from: its last checkpoint, or none yet."""
+    found = checkpoint_dirs(output_dir)
+    if found:
+        return f"the last checkpoint, {found[-1]}, is intact: --resume continues from step {step_of(found[-1])}"
+    return "no checkpoint was written yet: --resume starts again from step 0"
 
 
 # --- folders written atomically ---------------------------------------------------------------------
@@ -369,15 +508,17 @@ def write_folder_atomically(path, write):
     except BaseException as e:
         # torch.distributed.checkpoint raises CheckpointException, a BaseException, whatever failed inside (a full
         # disk included); Ctrl-C lands here too. Each leaves no partial folder. Free space is read before the
-        # partial folder is removed: after, the disk has room again.
-        full = not isinstance(e, KeyboardInterrupt) and _out_of_space(e, os.path.dirname(path) or ".")
+        # partial folder is removed: after, the disk has room again. A UserError (a bad input read while writing)
+        # is its own message: what it wraps is not a write failure.
+        mine = isinstance(e, (KeyboardInterrupt, UserError))
+        full = not mine and _out_of_space(e, os.path.dirname(path) or ".")
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
-            raise SystemExit(f"train.py: no space left on the device writing {path}; its partial folder was removed "
-                             "and the previous one is kept") from None
-        failure = _io_failure(e)
+            raise SystemExit(f"{_program()}: no space left on the device writing {path}; its partial folder was "
+                             "removed and the previous one is kept") from None
+        failure = None if mine else _io_failure(e)
         if failure is not None:
-            raise SystemExit(f"train.py: cannot write {path} ({failure}); its partial folder was removed and the "
+            raise SystemExit(f"{_program()}: cannot write {path} ({failure}); its partial folder was removed and the "
                              "previous one is kept") from None
         raise
     D.barrier()
@@ -433,7 +574,8 @@ def checkpoint_dirs(output_dir):
     root = os.path.join(output_dir, "checkpoints")
     if not os.path.isdir(root):
         return []
-    return sorted(os.path.join(root, d) for d in os.listdir(root) if d.startswith("step_") and "." not in d)
+    names = [d for d in os.listdir(root) if CHECKPOINT_NAME.fullmatch(d) and os.path.isdir(os.path.join(root, d))]
+    return [os.path.join(root, d) for d in sorted(names, key=lambda d: int(d[5:]))]
 
 
 def step_of(checkpoint_dir) -> int:
@@ -593,7 +735,7 @@ def _first_line(error) -> str:
     return text.splitlines()[0][:200] if text else ""
 
 
-def _dcp_load(state, folder, no_dist=None):
+def _dcp_load(state, folder, no_dist=None, prefix="--resume: "):
     """dcp.load with the non-tensor entries (optimizer settings: lr, betas, ...) read by torch.load(weights_only=True);
     DCP's default planner reads them with weights_only=False, so a planted shard could run code. A refused or
     unreadable entry is one line."""
@@ -616,40 +758,129 @@ def _dcp_load(state, folder, no_dist=None):
             raise
         refused = [c for c in _causes(e) if isinstance(c, pickle.UnpicklingError)]
         if refused:
-            raise UserError(f"--resume: {folder} holds objects other than tensors and plain values in its shards; "
+            raise UserError(f"{prefix}{folder} holds objects other than tensors and plain values in its shards; "
                             "refusing to load them (they could run code)") from None
         failure = _io_failure(e)
         if failure is not None or type(e).__name__ == "CheckpointException":
-            raise UserError(f"--resume: {folder} could not be read ({failure or _first_line(e)}); move it aside to "
-                            "resume from the checkpoint before it") from None
+            raise UserError(f"{prefix}{folder} could not be read ({failure or _first_line(e)})"
+                            + ("; move it aside to resume from the checkpoint before it" if prefix else "")) from None
         raise
 
 
 def export_hf(checkpoint_dir, out_dir):
     """A checkpoint's policy in HF format (for evaluate.py, vLLM or another run's --model), in one process whatever
     world size wrote it: `python runfolder.py export runs/tiny/checkpoints/step_000050 runs/tiny/step_50`.
-    evaluate.py and train.py do this themselves for a checkpoint given as --model (into its hf/ folder)."""
+    evaluate.py and train.py do this themselves for a checkpoint given as --model (exported()). The shards must hold
+    exactly the tensors config.json describes (none missing, none extra, every shape equal): an edited config.json
+    (fewer layers, another model_type) is refused, not loaded into a model it does not describe."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     transformers.utils.logging.disable_progress_bar()
+    check_finished(checkpoint_dir)
     check_dcp_metadata(checkpoint_dir)  # DCP unpickles it without restriction
-    config = AutoConfig.from_pretrained(checkpoint_dir)
-    with torch.device("meta"):  # shapes only: a config that does not match the shards allocates nothing
-        shapes = {f"model.{k}": tuple(v.shape) for k, v in get_model_state_dict(AutoModelForCausalLM.from_config(config)).items()}
-    stored = dcp.FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata
+    try:
+        config = AutoConfig.from_pretrained(checkpoint_dir)
+        with torch.device("meta"):  # shapes only: a config that does not match the shards allocates nothing
+            shapes = {f"model.{k}": tuple(v.shape) for k, v in get_model_state_dict(AutoModelForCausalLM.from_config(config)).items()}
+    except Exception as e:  # an unknown model_type, a value its config class refuses (huggingface_hub's own errors)
+        raise UserError(f"{checkpoint_dir}: transformers cannot build a model from its config.json "
+                        f"({type(e).__name__}: {_first_line(e)})") from None
+    metadata = dcp.FileSystemReader(checkpoint_dir).read_metadata()
+    stored = {k: v for k, v in metadata.state_dict_metadata.items() if k.startswith("model.")}
     missing = [k for k, shape in shapes.items() if k not in stored or tuple(getattr(stored[k], "size", ())) != shape]
-    if missing:
+    extra = sorted(stored.keys() - shapes.keys())
+    if missing or extra:
+        example = missing[0] if missing else extra[0]
         raise UserError(f"{checkpoint_dir}: its shards do not hold the weights its config.json describes ({len(missing)} "
-                        f"of {len(shapes)} tensors missing or of another shape, e.g. {missing[0]})")
+                        f"of {len(shapes)} tensors missing or of another shape, {len(extra)} not in the model, e.g. "
+                        f"{example})")
+    files = sorted({getattr(item, "relative_path", "") for item in (metadata.storage_data or {}).values()} - {""})
+    absent = [f for f in files if not os.path.isfile(os.path.join(checkpoint_dir, f))]
+    if absent:
+        raise UserError(f"{checkpoint_dir}: shard {absent[0]} is missing ({len(absent)} of {len(files)}); the "
+                        "checkpoint is incomplete")
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     state = {"model": get_model_state_dict(model)}
-    _dcp_load(state, checkpoint_dir, no_dist=True)  # the model part only; the optimizer stays on disk
+    _dcp_load(state, checkpoint_dir, no_dist=True, prefix="")  # the model part only; the optimizer stays on disk
     set_model_state_dict(model, state["model"])
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir)
+    except Exception as e:  # a tokenizer file missing or broken
+        raise UserError(f"{checkpoint_dir}: cannot load its tokenizer ({type(e).__name__}: {_first_line(e)})") from None
     model.save_pretrained(out_dir)
-    AutoTokenizer.from_pretrained(checkpoint_dir).save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+def check_finished(checkpoint_dir):
+    """A checkpoint folder still named .tmp (or .old) is one whose write did not finish (or one being replaced)."""
+    name = os.path.basename(os.path.normpath(checkpoint_dir))
+    if name.endswith((".tmp", ".old")):
+        raise UserError(f"{checkpoint_dir} is a checkpoint whose write did not finish (a {name[-4:]} folder); use a "
+                        "completed one")
+
+
+def exported(checkpoint_dir, log=print) -> str:
+    """The HF model folder of a checkpoint given as --model: its hf/ folder, exported there once; where the checkpoint
+    cannot be written (a read-only mount, another user's run), exported once into a cache folder instead. A partial
+    or broken hf/ is refused with the way out, not loaded."""
+    check_finished(checkpoint_dir)
+    hf = os.path.join(checkpoint_dir, "hf")
+    if os.path.lexists(hf):
+        try:
+            check_model_folder(hf)
+        except UserError as e:
+            raise UserError(f"--model {checkpoint_dir}: its export {hf} is incomplete or damaged ({str(e).split(': ', 1)[-1]}); "
+                            f"remove {hf} to export it again") from None
+        return hf
+    if not _writable(checkpoint_dir):
+        import hashlib
+        meta = os.stat(os.path.join(checkpoint_dir, ".metadata"))  # a checkpoint written again gets a new key
+        key = hashlib.sha256(f"{os.path.realpath(checkpoint_dir)}:{meta.st_size}:{meta.st_mtime_ns}".encode()).hexdigest()[:16]
+        root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        hf = os.path.join(root, "ce-gppo", "exports", key)
+        try:
+            check_model_folder(hf)
+            return hf
+        except UserError:
+            pass
+        log(f"{checkpoint_dir} is not writable: exporting its policy to {hf}")
+        os.makedirs(os.path.dirname(hf), exist_ok=True)
+    write_folder_atomically(hf, lambda folder: export_hf(checkpoint_dir, folder))
+    return hf
+
+
+def _writable(folder) -> bool:
+    """Whether a folder can be created in `folder` (asked of the file system: root passes os.access on a read-only mount)."""
+    import tempfile
+    try:
+        tempfile.TemporaryDirectory(dir=folder).cleanup()
+        return True
+    except OSError:
+        return False
+
+
+def check_export_target(out_dir, overwrite: bool):
+    """Where `runfolder.py export` may write: a new or empty folder, or with --overwrite an earlier export (a model
+    folder, replaced whole); never a file, a run folder, a checkpoint folder or the root."""
+    real = os.path.realpath(out_dir)
+    if os.path.dirname(real) == real:
+        raise UserError(f"{out_dir} is the root of the file system")
+    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+        raise UserError(f"{out_dir} exists and is not a folder; name a new folder")
+    if not os.path.isdir(out_dir) or not os.listdir(out_dir):
+        return
+    names = set(os.listdir(out_dir))
+    if _has_marker(out_dir) or "metrics.jsonl" in names or "checkpoints" in names:
+        raise UserError(f"{out_dir} is a run folder; export into a new folder (e.g. {os.path.join(out_dir, 'export')})")
+    if is_checkpoint(out_dir) or ".metadata" in names:
+        raise UserError(f"{out_dir} is a checkpoint folder; export into a new folder")
+    if not overwrite:
+        raise UserError(f"{out_dir} is not empty; pass --overwrite to replace an earlier export, or name a new folder")
+    if not _is_model_folder(out_dir, names):
+        raise UserError(f"{out_dir} holds files that are not an earlier export; --overwrite replaces only a model folder")
 
 
 def save_final(output_dir, model, tokenizer):
@@ -701,15 +932,29 @@ def open_loggers(output_dir: str, run_name: str, tensorboard: bool, wandb: bool,
     return loggers
 
 
-if __name__ == "__main__":
+def main(argv=None):
     import argparse
-    parser = argparse.ArgumentParser(description="The run folder's tools.")
+    parser = argparse.ArgumentParser(prog="runfolder.py", description="The run folder's tools.")
     parser.error = lambda message: parser.exit(2, f"runfolder.py: error: {message}\n")
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="a checkpoint's policy as an HF model folder")
+    export.error = parser.error
     export.add_argument("checkpoint", help="RUN/checkpoints/step_N")
-    export.add_argument("out", help="the HF model folder to write")
-    args = parser.parse_args()
+    export.add_argument("out", help="the HF model folder to write: a new or empty folder")
+    export.add_argument("--overwrite", action="store_true", help="replace an earlier export in OUT")
+    args = parser.parse_args(argv)
+    check_finished(args.checkpoint)
     if not is_checkpoint(args.checkpoint):
-        parser.error(f"{args.checkpoint} is not a checkpoint folder (no trainer_state.pt and .metadata)")
-    print(export_hf(args.checkpoint, args.out))
+        raise UserError(f"{args.checkpoint} is not a checkpoint folder (no trainer_state.pt and .metadata)")
+    check_export_target(args.out, args.overwrite)
+    print(write_folder_atomically(os.path.normpath(args.out), lambda folder: export_hf(args.checkpoint, folder)))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except UserError as e:  # a SystemExit whose code is 2: uncaught, Python would print nothing
+        sys.stderr.write(f"runfolder.py: error: {e}\n")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit("runfolder.py: interrupted; nothing was written (a partial export is removed)")

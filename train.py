@@ -31,6 +31,7 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 import contextlib
 import math
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -417,10 +418,10 @@ def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, progress=0.0, od_
         sums["_tokens"] = sums.get("_tokens", 0.0) + tokens
     if D.all_reduce([bad_loss is not None], policy.device, op="max")[0]:  # every rank stops, not just one
         raise FloatingPointError(f"step {step + 1}: the loss is {bad_loss if bad_loss is not None else 'not finite on another rank'}; "
-                                 "stopping (the last checkpoint is intact)")
+                                 "stopping")
     grad_norm = D.full_tensor(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), policy.grad_clip))
     if not torch.isfinite(grad_norm):
-        raise FloatingPointError(f"step {step + 1}: the gradient norm is {grad_norm.item()}; stopping (the last checkpoint is intact)")
+        raise FloatingPointError(f"step {step + 1}: the gradient norm is {grad_norm.item()}; stopping")
     policy.optimizer.step()
     policy.optimizer.zero_grad(set_to_none=True)
     check_finite_parameters(policy.model, policy.device, step)
@@ -435,7 +436,7 @@ def check_finite_parameters(model, device, step):
     bad = sum(int(not torch.isfinite(n)) for n in torch._foreach_norm([p.detach() for p in local if p.numel()]))
     if D.all_reduce([bad], device)[0]:
         raise FloatingPointError(f"step {step + 1}: the parameters are no longer finite after an optimizer step; "
-                                 "stopping before anything is saved (the last checkpoint is intact)")
+                                 "stopping before anything is saved")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -620,22 +621,40 @@ def response_logprobs(policy: Policy, mb, grad=False, truncation=False, model=No
     return out[0], out[1], (out[2] if truncation else None)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (kill, a scheduler's preemption): unwinds as Ctrl-C does, so it ends the same way."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 def run(argv=None):
-    """The command line: bad input ends in one line and exit code 2, a stopped run in one line and exit code 1."""
+    """The command line: bad input ends in one line and exit code 2, a stopped run (an error, Ctrl-C, SIGTERM) in one
+    line and exit code 1."""
     args = None
+    try:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread: signals are not ours to take
+        previous = None
     try:
         args = flags.parse_args(argv, __doc__)
         # the output folder is this run's for its whole life (rank 0; torchrun sets RANK before anything starts): a
         # second run or resume on it is refused at once
-        with RF.lock_output_dir(args.output_dir) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext():
+        with (RF.lock_output_dir(args.output_dir, resume=args.resume) if os.environ.get("RANK", "0") == "0"
+              else contextlib.nullcontext()):
             main(args)
     except UserError as e:
         sys.stderr.write(f"train.py: error: {e}\n")
         sys.exit(2)
-    except FloatingPointError as e:
-        sys.exit(f"train.py: {e}")
-    except KeyboardInterrupt:  # checkpoints are written whole or not at all: --resume goes on exactly from the last
-        sys.exit(RF.interrupted(args.output_dir) if args is not None else "train.py: interrupted")
+    except FloatingPointError as e:  # the step that broke was not saved: say what is there to resume from
+        sys.exit(f"train.py: {e}; {RF.kept_note(args.output_dir)}")
+    except KeyboardInterrupt as e:  # checkpoints are written whole or not at all: --resume goes on exactly from the last
+        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        sys.exit(RF.interrupted(args.output_dir, how=how) if args is not None else f"train.py: {how}")
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -225,27 +225,45 @@ def test_fused_head_matches_naive(monkeypatch, chunk_elements, min_block):  # bl
     torch.testing.assert_close(logp, want_logp.float(), rtol=1e-5, atol=1e-5)
 
 
-def test_fused_head_under_bf16_autocast_with_fp32_master_weight():
-    """The GEMM runs on bf16-rounded operands (as autocast's linear does); the softmax stays fp32."""
+BF16_EPS = 2.0 ** -8  # bf16's relative precision (8 significant bits): the unit device-dependent tolerances are made of
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_fused_head_under_bf16_autocast_with_fp32_master_weight(monkeypatch, native):
+    """The promise (logprobs.py, section 2), the same on every device: under bf16 autocast the logits are rounded to
+    bf16 once, as autocast's own linear returns them; the softmax stays fp32. native=True forces the bf16 GEMM that
+    GPUs and CPUs with AVX512-BF16 or AMX run (torch's reference kernel here), native=False the fp32 GEMM on
+    bf16-rounded operands that AVX2 CPUs run: both must give the bf16-rounded logits' log-probs and entropy.
+    Inputs on a 1/16 grid fit bf16 exactly and their dot products are exact in fp32 in any summation order, so every
+    path holds the same logit before rounding and the same bf16 logit after it: the forward is compared at fp32
+    precision on any hardware, and an implementation that kept fp32 logits (off by up to |z| 2^-9) fails."""
+    monkeypatch.setattr(LP, "_CPU_HALF_GEMM", native)
     g = torch.Generator().manual_seed(0)
-    hidden = torch.randn(2, 7, 32, generator=g, requires_grad=True)
-    weight = (torch.randn(200, 32, generator=g) * 0.5).requires_grad_(True)
+    hidden = (torch.randn(2, 7, 32, generator=g) * 4).round().div(16).requires_grad_(True)
+    weight = (torch.randn(200, 32, generator=g) * 8).round().div(16).requires_grad_(True)
+    bias = (torch.randn(200, generator=g) * 16).round().div(256).requires_grad_(True)
     targets = torch.randint(0, 200, (2, 7), generator=g)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        logp, entropy = LP.hidden_logprobs_and_entropy(hidden, weight, targets)
+        logp, entropy = LP.hidden_logprobs_and_entropy(hidden, weight, targets, bias=bias)
         (logp.sum() + entropy.sum()).backward()
     assert logp.dtype == entropy.dtype == torch.float32
     assert hidden.grad.dtype == weight.grad.dtype == torch.float32
     got = hidden.grad.clone(), weight.grad.clone()
-    hidden.grad = weight.grad = None
-    # the reference on the same bf16-rounded operands, in float64
-    h16, w16 = hidden.bfloat16().double(), weight.bfloat16().double()
-    want_logp, want_entropy = naive_logprobs_and_entropy(h16 @ w16.T, targets, 1.0)
+    hidden.grad = weight.grad = bias.grad = None
+    # the reference in float64: the exact logits (the grid makes them exact), rounded once to bf16
+    exact = hidden.bfloat16().double() @ weight.bfloat16().double().T + bias.double()
+    assert torch.equal(exact, exact.float().double())  # exact in fp32 too: every GEMM path starts from these values
+    want_logp, want_entropy = naive_logprobs_and_entropy(exact.bfloat16().double(), targets, 1.0)
     torch.testing.assert_close(logp, want_logp.float(), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(entropy, want_entropy.float(), rtol=1e-4, atol=1e-4)
+    unrounded = naive_logprobs_and_entropy(exact.detach(), targets, 1.0)[0]
+    assert (unrounded - want_logp).abs().max() > 10 * 1e-4  # the rounding is visible: fp32 logits would fail above
     (want_logp.sum() + want_entropy.sum()).backward()  # flows through the rounding as a straight-through cast
-    torch.testing.assert_close(got[0], hidden.grad, rtol=2e-2, atol=2e-2)  # the gradient GEMMs take bf16 operands
-    torch.testing.assert_close(got[1], weight.grad, rtol=2e-2, atol=2e-2)
+    # The gradient GEMMs take bf16 operands (dL/dlogits rounded to bf16 on every device); a bf16 GEMM (native) also
+    # rounds each vocab block's product to bf16: a few bf16 steps, 2^-8 each, relative to the gradient's scale.
+    for mine, want in zip(got, (hidden.grad, weight.grad)):
+        scale = want.abs().max().item()
+        assert (mine - want).abs().max().item() <= 4 * BF16_EPS * scale, (native, (mine - want).abs().max().item(), scale)
 
 
 # --- 4. on a real HF model: model_logprobs fused vs the reference -------------------------------

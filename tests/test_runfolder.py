@@ -371,6 +371,21 @@ def test_ctrl_c_ends_in_one_line_and_resume_is_exact(tmp_path, finished_run):
     same_parameters(final_state(finished_run), final_state(out))
 
 
+def test_sigterm_ends_like_ctrl_c_and_resume_goes_on(tmp_path):
+    """SIGTERM (kill, a scheduler's preemption) while step 3 samples: one line naming the checkpoint kept, exit 1 (it
+    was exit 143 and nothing said), the lock released; --resume then finishes the run."""
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "train.py", *FAST, "--output-dir", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "TRAIN_TERMINATE_AT": "sampling:3"})
+    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("train:")]
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert lines[-1] == (f"train.py: terminated (SIGTERM); the last checkpoint, {out}/checkpoints/step_000002, is kept: "
+                         "pass --resume to continue from step 2")
+    assert open(out / ".lock").read() == ""  # released
+    train(out, "--resume")
+    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
+
+
 def test_a_second_run_on_a_busy_folder_is_refused_at_once(tmp_path):
     """Two train.py on one folder: the second is refused while the first holds the lock (here: a helper process
     holding it, so the test does not depend on timing)."""

@@ -1,0 +1,367 @@
+"""Issue 41 and 40: a run folder is created, never adopted (a planted lock link, the root, a model or checkpoint folder,
+a parent); export writes only where it may and refuses shards its config does not describe; config files read
+safely; float flags bounded in float32; config.json keeps the launch. Fast: no training run (the SIGTERM case is in
+test_runfolder.py beside Ctrl-C)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+import flags
+import runfolder as RF
+from conftest import ROOT, parse_train_args
+from test_bad_input import fake_checkpoint, run_evaluate_in_process, run_train_in_process, write
+
+
+def refused(call, *text):
+    """call() ends in a UserError (exit code 2) whose one line holds every text; returns the message."""
+    with pytest.raises(SystemExit) as stopped:
+        call()
+    message = str(stopped.value)
+    assert stopped.value.code == 2 and "\n" not in message and all(t in message for t in text), message
+    return message
+
+
+def own_run(folder):
+    """A folder a run created: its marker, config.json and a final/ model."""
+    (folder / "final").mkdir(parents=True)
+    write(folder / RF.RUN_MARKER, "{}")
+    write(folder / "config.json", json.dumps({"flags": {"seed": 0}}))
+    write(folder / "final" / "config.json", '{"model_type": "qwen2"}')
+    write(folder / "final" / "model.safetensors", "weights")
+    return folder
+
+
+# --- the lock --------------------------------------------------------------------------------------
+
+def test_a_planted_lock_link_is_refused_and_its_target_untouched(tmp_path, capsys):
+    target = write(tmp_path / "precious.txt", "keep me\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink(target, run / ".lock")
+    refused(lambda: RF.lock_output_dir(str(run)), f"{run}/.lock is a symbolic link; refusing to follow it")
+    code, err = run_train_in_process(["train.py", "--output-dir", str(run), "--max-steps", "1"], capsys)
+    assert code == 2 and "is a symbolic link; refusing to follow it" in err and "Traceback" not in err
+    os.remove(run / ".lock")
+    os.link(target, run / ".lock")  # a hard link would be written through as well
+    refused(lambda: RF.lock_output_dir(str(run)), "is a file with 2 hard links; refusing to write it")
+    os.remove(run / ".lock")
+    os.mkfifo(run / ".lock")
+    refused(lambda: RF.lock_output_dir(str(run)), "is not a regular file")
+    assert open(target).read() == "keep me\n" and os.stat(target).st_nlink == 1
+
+
+# --- which folders a run writes into -------------------------------------------------------------------
+
+def test_a_fresh_run_writes_only_into_a_new_empty_or_own_folder(tmp_path):
+    check = RF.check_output_folder
+    check(str(tmp_path / "new"), False)  # missing
+    (tmp_path / "empty").mkdir()
+    check(str(tmp_path / "empty"), False)
+    lock = RF.lock_output_dir(str(tmp_path / "empty"))  # marks it as a run's
+    lock.release()
+    assert os.path.isfile(tmp_path / "empty" / RF.RUN_MARKER)
+    check(str(tmp_path / "empty"), False)  # its own folder: a new run may start there again
+    run = own_run(tmp_path / "run")
+    refused(lambda: check("/", False), "--output-dir / is the root of the file system")
+    refused(lambda: check("/", True), "is the root of the file system")
+    for resume in (False, True):
+        refused(lambda: check(str(run / "final"), resume), "is inside the run folder")
+        refused(lambda: check(str(run / "checkpoints" / "step_000001"), resume), "is inside the run folder")
+    model = tmp_path / "model"
+    model.mkdir()
+    write(model / "config.json", '{"model_type": "qwen2"}')
+    write(model / "model.safetensors", "weights")
+    refused(lambda: check(str(model), True), "is a model folder (config.json and weights)")
+    ckpt = fake_checkpoint(tmp_path / "loose" / "step_000004")
+    refused(lambda: check(str(ckpt), True), "is a checkpoint folder")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    write(foreign / "config.json", '{"model_type": "qwen2"}')
+    write(foreign / "notes.txt", "mine")
+    refused(lambda: check(str(foreign), False), "holds files of its own (config.json, notes.txt) and no run")
+    refused(lambda: check(str(foreign), True), "and no run")  # its config.json is not a run's: not resumed either
+    legacy = tmp_path / "legacy"  # a run from before the marker: resumable, not restarted
+    legacy.mkdir()
+    write(legacy / "metrics.jsonl", '{"step": 1}\n')
+    check(str(legacy), True)
+    refused(lambda: check(str(legacy), False), "holds a run (metrics.jsonl): pass --resume")
+
+
+def test_train_refuses_a_model_folder_a_parent_and_the_root_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    parent = tmp_path / "parent"
+    run = own_run(parent / "run")
+    write(parent / "config.json", '{"model_type": "qwen2", "mine": true}')
+    before = {p: open(p).read() for p in (parent / "config.json", run / "config.json", run / "final" / "config.json")}
+    config = write(run / "again.yaml", "output_dir: ..\nmax_steps: 1\n")
+    monkeypatch.chdir(run)  # `output_dir: ..` is the run's parent
+    t = ["train.py", "--max-steps", "1"]
+    for argv, text in ((t + ["--config", config], "--output-dir .. holds files of its own"),
+                       (t + ["--output-dir", str(run / "final")], "is inside the run folder"),
+                       (t + ["--output-dir", "/"], "--output-dir / is the root of the file system")):
+        code, err = run_train_in_process(argv, capsys)
+        assert code == 2 and text in err and "Traceback" not in err, err
+    assert {p: open(p).read() for p in before} == before
+    assert sorted(os.listdir(parent)) == ["config.json", "run"] and not os.path.exists("/.lock")
+    assert sorted(os.listdir(run / "final")) == ["config.json", "model.safetensors"]
+
+
+# --- checkpoints: only step_<digits> ----------------------------------------------------------------
+
+def test_only_step_digits_are_checkpoints_and_rotation_spares_the_rest(tmp_path):
+    from test_runfolder import Tokenizer, small_model
+    root = tmp_path / "checkpoints"
+    for name in ("step_000001_keep", "step_best", "step_000009.tmp", "step_x"):
+        (root / name).mkdir(parents=True)
+    write(root / "step_000008", "a file, not a folder")
+    model, optimizer = small_model()
+    for step in (2, 3, 4):
+        RF.save_checkpoint(str(tmp_path), step, 2, model, Tokenizer(), optimizer, {"flags": {}})
+    assert sorted(os.listdir(root)) == ["step_000001_keep", "step_000003", "step_000004", "step_000008",
+                                        "step_000009.tmp", "step_best", "step_x"]
+    assert RF.checkpoint_dirs(str(tmp_path))[-1].endswith("step_000004")  # not step_best
+    (root / "step_9").mkdir()  # ordered by number, not by text ("step_10" < "step_9" as text)
+    (root / "step_10").mkdir()
+    assert [os.path.basename(d) for d in RF.checkpoint_dirs(str(tmp_path))] == ["step_000003", "step_000004", "step_9",
+                                                                                "step_10"]
+
+
+# --- export and evaluate on checkpoints --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, tiny_model_path):
+    """A real checkpoint of the tiny model (Qwen2, biased q/k/v) with its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    out = tmp_path_factory.mktemp("ckpt")
+    return RF.save_checkpoint(str(out), 1, 2, model, tokenizer, torch.optim.AdamW(model.parameters()), {"flags": {}})
+
+
+def copy_checkpoint(src, dst, edit=None):
+    shutil.copytree(src, dst)
+    if edit:
+        config = json.loads(open(os.path.join(dst, "config.json")).read())
+        config.update(edit)
+        write(os.path.join(dst, "config.json"), json.dumps(config))
+    return str(dst)
+
+
+def test_export_writes_only_into_a_new_empty_or_earlier_export(tmp_path, tiny_checkpoint):
+    export = lambda out, *extra: RF.main(["export", tiny_checkpoint, str(out), *extra])
+    export(tmp_path / "out")
+    RF.check_model_folder(str(tmp_path / "out"))
+    refused(lambda: export(tmp_path / "out"), "is not empty; pass --overwrite")
+    os.remove(tmp_path / "out" / "tokenizer.json")
+    export(tmp_path / "out", "--overwrite")  # an earlier export, replaced whole
+    assert os.path.isfile(tmp_path / "out" / "tokenizer.json")
+    file = write(tmp_path / "results.json", "{}")
+    refused(lambda: export(file, "--overwrite"), "exists and is not a folder")
+    assert open(file).read() == "{}"
+    run = own_run(tmp_path / "run")
+    refused(lambda: export(run, "--overwrite"), "is a run folder")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    write(foreign / "notes.txt", "mine")
+    refused(lambda: export(foreign, "--overwrite"), "--overwrite replaces only a model folder")
+    assert os.listdir(foreign) == ["notes.txt"] and os.path.isfile(run / "final" / "model.safetensors")
+    refused(lambda: export(tiny_checkpoint, "--overwrite"), "is a checkpoint folder")
+    (tmp_path / "empty").mkdir()
+    export(tmp_path / "empty")
+
+
+def test_export_and_evaluate_refuse_shards_their_config_does_not_describe(tmp_path, tiny_checkpoint, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = json.load(open(os.path.join(tiny_checkpoint, "config.json")))
+    cases = [  # (folder, what the one line says)
+        (copy_checkpoint(tiny_checkpoint, tmp_path / "fewer", {"num_hidden_layers": config["num_hidden_layers"] - 1,
+                                                               **({"layer_types": config["layer_types"][:-1]}
+                                                                  if "layer_types" in config else {})}),
+         "its shards do not hold the weights its config.json describes (0 of"),
+        (copy_checkpoint(tiny_checkpoint, tmp_path / "llama", {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}),
+         "not in the model, e.g. model.model.layers.0.self_attn.k_proj.bias"),  # llama drops qwen2's biases
+        (copy_checkpoint(tiny_checkpoint, tmp_path / "unknown", {"model_type": "qwen99"}),
+         "transformers cannot build a model from its config.json"),
+        (copy_checkpoint(tiny_checkpoint, tmp_path / "step_000002.tmp"), "is a checkpoint whose write did not finish"),
+    ]
+    shard = copy_checkpoint(tiny_checkpoint, tmp_path / "no-shard")
+    os.remove(os.path.join(shard, "__0_0.distcp"))
+    cases.append((shard, "shard __0_0.distcp is missing"))
+    bench = write(tmp_path / "bench.jsonl", '{"problem": "1 + 1?", "answer": 2}\n')
+    for folder, text in cases:
+        refused(lambda: RF.main(["export", folder, str(tmp_path / "out")]), text)
+        code, err = run_evaluate_in_process(["evaluate.py", "--model", folder, "--benchmarks", bench, "--sampler", "hf",
+                                             "--output", str(tmp_path / "results.json")], capsys)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and lines[-1].startswith("evaluate.py: error: ") and text in lines[-1], err
+        assert "train.py" not in err and not os.path.exists(os.path.join(folder, "hf"))
+    assert not os.path.exists(tmp_path / "out")
+    partial = copy_checkpoint(tiny_checkpoint, tmp_path / "partial")
+    os.makedirs(os.path.join(partial, "hf"))
+    write(os.path.join(partial, "hf", "config.json"), json.dumps(config))
+    code, err = run_evaluate_in_process(["evaluate.py", "--model", partial, "--benchmarks", bench, "--sampler", "hf",
+                                         "--output", str(tmp_path / "results.json")], capsys)
+    assert code == 2 and "hf is incomplete or damaged (the folder has config.json but no weights" in err
+    assert f"remove {partial}/hf to export it again" in err
+
+
+def test_runfolder_export_prints_its_error(tmp_path, tiny_checkpoint):
+    """As a program: one line naming runfolder.py and the cause, exit code 2 (its UserError is a SystemExit whose
+    message Python itself would not print)."""
+    shard = copy_checkpoint(tiny_checkpoint, tmp_path / "no-shard")
+    os.remove(os.path.join(shard, "__0_0.distcp"))
+    done = subprocess.run([sys.executable, "runfolder.py", "export", shard, str(tmp_path / "out")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == \
+        f"runfolder.py: error: {shard}: shard __0_0.distcp is missing (1 of 1); the checkpoint is incomplete"
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """(make(folder) -> a read-only copy of folder, undo) on a read-only mount where the test runs as root (root writes
+    through file modes), by file modes otherwise."""
+    mounts = []
+
+    def make(folder):
+        copy = tmp_path / "ro" / os.path.basename(folder)
+        if os.geteuid() != 0:
+            shutil.copytree(folder, copy)
+            for d, _, _ in os.walk(copy):
+                os.chmod(d, 0o555)
+            return str(copy)
+        (tmp_path / "ro").mkdir()
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(tmp_path / "ro")],
+                          capture_output=True).returncode != 0:
+            pytest.skip("cannot mount a read-only file system here")
+        mounts.append(str(tmp_path / "ro"))
+        shutil.copytree(folder, copy)
+        assert subprocess.run(["mount", "-o", "remount,ro", str(tmp_path / "ro")], capture_output=True).returncode == 0
+        return str(copy)
+
+    yield make
+    for m in mounts:
+        subprocess.run(["umount", "-l", m], capture_output=True)
+    for d, _, _ in os.walk(tmp_path / "ro"):
+        os.chmod(d, 0o755)
+
+
+def test_a_read_only_checkpoint_evaluates_from_a_cache_export(tmp_path, tiny_checkpoint, read_only, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    ckpt = read_only(tiny_checkpoint)
+    assert not RF._writable(ckpt)
+    bench = write(tmp_path / "bench.jsonl", '{"problem": "1 + 1?", "answer": 2}\n')
+    code, err = run_evaluate_in_process(["evaluate.py", "--model", ckpt, "--benchmarks", bench, "--sampler", "hf", "--k", "1",
+                                         "--max-tokens", "4", "--output", str(tmp_path / "results.json")], capsys)
+    assert code == 0, err
+    (export,) = os.listdir(tmp_path / "cache" / "ce-gppo" / "exports")
+    RF.check_model_folder(str(tmp_path / "cache" / "ce-gppo" / "exports" / export))
+    results = json.load(open(tmp_path / "results.json"))
+    assert results["settings"]["model"] == ckpt and [b["k"] for b in results["benchmarks"].values()] == [1]
+    assert not os.path.exists(os.path.join(ckpt, "hf"))
+    assert RF.exported(ckpt, log=lambda *a: pytest.fail("exported again")).endswith(export)  # reused
+
+
+def test_evaluate_refuses_an_unknown_dtype_before_the_engine(tmp_path, capsys):
+    bench = write(tmp_path / "bench.jsonl", '{"problem": "1 + 1?", "answer": 2}\n')
+    code, err = run_evaluate_in_process(["evaluate.py", "--model", "tiny", "--benchmarks", bench, "--sampler", "vllm",
+                                         "--dtype", "float77", "--output", str(tmp_path / "r.json")], capsys)
+    assert code == 2 and err.strip().splitlines()[-1].startswith("evaluate.py: error: argument --dtype: invalid choice: 'float77'")
+
+
+# --- flags: float32 bounds, the NaN stop, config files ----------------------------------------------------
+
+def test_float_flags_that_float32_rounds_to_0_or_inf_are_refused(capsys):
+    for extra, text in ((["--tau-pos", "1e-46"], "--tau-pos 1e-46 is 0 in float32"),
+                        (["--kl-coef", "1e39"], "--kl-coef 1e+39 is inf in float32"),
+                        (["--entropy-coef", "1e-50"], "--entropy-coef 1e-50 is 0 in float32")):
+        with pytest.raises(SystemExit) as stopped:
+            parse_train_args(extra)
+        err = capsys.readouterr().err
+        assert stopped.value.code == 2 and len(err.strip().splitlines()) == 1 and text in err, err
+    assert parse_train_args(["--tau-pos", "1e-40"]).loss.tau_pos == 1e-40  # a float32 subnormal: kept
+
+
+def test_the_nan_stop_says_whether_a_checkpoint_exists(tmp_path, monkeypatch, capsys):
+    import train
+
+    def nan_step(args):
+        raise FloatingPointError("step 3: the loss is nan; stopping")
+
+    monkeypatch.setattr(train, "main", nan_step)
+    with pytest.raises(SystemExit) as stopped:
+        train.run(["--output-dir", str(tmp_path / "run")])
+    assert str(stopped.value) == ("train.py: step 3: the loss is nan; stopping; no checkpoint was written yet: --resume "
+                                  "starts again from step 0")
+    fake_checkpoint(tmp_path / "run" / "checkpoints" / "step_000002")
+    with pytest.raises(SystemExit) as stopped:
+        train.run(["--output-dir", str(tmp_path / "run"), "--resume"])
+    assert str(stopped.value).endswith(f"stopping; the last checkpoint, {tmp_path}/run/checkpoints/step_000002, is "
+                                       "intact: --resume continues from step 2")
+
+
+def config_error(path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        parse_train_args(["--config", str(path)])
+    err = capsys.readouterr().err.strip()
+    assert stopped.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("train.py: error: --config "), err
+    return err
+
+
+def test_config_files_are_read_safely(tmp_path, capsys):
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+    cases = {
+        "anchors.yaml": (bomb + "lr: *i\n", "YAML anchors and aliases are not accepted (line 1)"),
+        "dup.yaml": ("lr: 0.1\nseed: 1\nlr: 0.2\n", "the key 'lr' appears twice"),
+        "dup.json": ('{"lr": 0.1, "lr": 0.2}', "the key 'lr' appears twice"),
+        "spellings.yaml": ("max_steps: 3\nmax-steps: 4\n", "max_steps is given twice (as 'max-steps')"),
+        "type.yaml": ("lr: fast\n", "lr must be a float, got str 'fast'"),
+        "int.yaml": ("max_steps: 2.5\n", "max_steps must be a int, got float 2.5"),
+        "long.yaml": ("lr: " + "9" * 5000 + "x\n", "lr must be a float, got str '99999"),
+        "hf.yaml": ("learning_rate: 0.001\n", "unknown flag 'learning_rate'; did you mean 'lr'?"),
+        "resume.yaml": ("resume: true\n", "resume is not a setting of a run; pass --resume on the command line"),
+        "big.json": ('{"lr": 0.1' + " " * (2 << 20) + "}", "a config file is at most 1048576 bytes"),
+        "binary.yaml": (b"\xff\xfe\x00", "not a UTF-8 text file"),
+    }
+    for name, (content, text) in cases.items():
+        err = config_error(write(tmp_path / name, content, "wb" if isinstance(content, bytes) else "w"), capsys)
+        assert text in err and len(err) < 400, (name, err)
+    os.mkfifo(tmp_path / "fifo.yaml")  # open() blocked here for ever, waiting for a writer
+    done = []
+    reader = threading.Thread(target=lambda: done.append(config_error(tmp_path / "fifo.yaml", capsys)), daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    assert done and "not a regular file (a FIFO, device or folder)" in done[0]
+    args = parse_train_args(["--config", write(tmp_path / "ok.yaml", "lr: 1e-4\nkl_coef: 2E-3\nmax_steps: 7\n")])
+    assert args.lr == 1e-4 and args.loss.kl_coef == 2e-3 and args.max_steps == 7  # YAML 1.2 numbers, as JSON reads them
+
+
+# --- config.json: the launch kept, resume not a setting ------------------------------------------------
+
+def test_config_json_keeps_the_launch_and_a_rerun_from_it_is_a_new_run(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    launch = {"command": ["train.py", "--output-dir", str(run)], "started": "2026-01-01T00:00:00", "host": "a"}
+    flags_now = flags.flat_flags(parse_train_args(["--output-dir", str(run)]))
+    RF.begin(str(run), False, None, flags_now, launch)
+    for i, host in enumerate(("b", "c")):
+        RF.begin(str(run), True, None, {**flags_now, "resume": True},
+                 {"command": ["train.py", "--output-dir", str(run), "--resume"], "started": f"2026-01-0{i + 2}", "host": host})
+    config = json.load(open(run / "config.json"))
+    assert (config["command"], config["started"], config["host"]) == (launch["command"], launch["started"], "a")
+    assert [(r["command"][-1], r["started"], r["host"]) for r in config["resumes"]] == \
+        [("--resume", "2026-01-02", "b"), ("--resume", "2026-01-03", "c")]
+    assert "resume" not in config["flags"]
+    rerun = parse_train_args(["--config", str(run / "config.json"), "--output-dir", str(tmp_path / "new")])
+    assert rerun.resume is False and rerun.output_dir == str(tmp_path / "new")
+    legacy = write(tmp_path / "legacy.json", json.dumps({"flags": {**flags_now, "resume": True}}))  # saved before this fix
+    assert parse_train_args(["--config", legacy, "--output-dir", str(tmp_path / "new")]).resume is False

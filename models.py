@@ -22,6 +22,7 @@ def resolve_model(name: str) -> str:
         D.barrier()
         return path if D.is_main() else tiny.ensure_task_model(task, log=lambda *a: None)
     if os.path.isdir(name) and RF.is_checkpoint(name):
+        RF.check_finished(name)  # a checkpoint still named .tmp (its write did not finish) is refused
         hf = os.path.join(name, "hf")
         if not os.path.isfile(os.path.join(hf, "config.json")):  # every rank calls: the write has barriers
             RF.write_folder_atomically(hf, lambda folder: RF.export_hf(name, folder) if D.is_main() else None)

@@ -274,7 +274,8 @@ def begin(output_dir: str, resume: bool, resume_from: str | None, flags: dict, i
         path = os.path.join(output_dir, "config.json")
         if resume:
             metrics = os.path.join(output_dir, "metrics.jsonl")
-            keep_rows_up_to(metrics, step_of(resume_from) if resume_from else 0, log)
+            # no checkpoint: the run starts over, its step-0 evaluation included, so no row is kept (step 0's once)
+            keep_rows_up_to(metrics, step_of(resume_from) if resume_from else -1, log)
             if resume_from:
                 restore_row(metrics, read_trainer_state(resume_from).get("row"), log)
             info = _with_resume(info, path)

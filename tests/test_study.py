@@ -21,8 +21,11 @@ def test_a_two_step_study_runs_resumes_and_reports(tmp_path, tiny_model_path):
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads((tmp_path / "study.json").read_text())
-    assert sorted(data) == ["grpo", "ppo_clip"] and list(data["grpo"]) == ["0"]
+    import models
+    assert sorted(study.configurations(data)) == ["grpo", "ppo_clip"] and list(data["grpo"]) == ["0"]
+    assert data[study.WARM_START] == {"sha256": models.weights_hash(tiny_model_path)}  # what every run started from
     run = data["grpo"]["0"]
+    assert run["model_sha256"] == data[study.WARM_START]["sha256"]
     assert run["steps_done"] == 2 and run["final_step"] == 2 and 0 <= run["final_acc"] <= 1
     assert [r["step"] for r in run["steps"]] == [1, 2] and "entropy" in run["steps"][0]
     assert run["hardware"][0]["to_step"] == 2 and run["hardware"][0]["cpu"]
@@ -278,3 +281,20 @@ def test_verdicts_mark_the_rules_the_protocol_did_not_state():
     assert "added: the protocol states no rule" in row["entropy_0.001: last-10 - first-10 entropy"]
     assert "changes both betas at once" in row["(1, 0.5) - (0.5, 1)"]
     assert "added" in row["(1, 0.5) - (0.5, 1), final avg@k"] and "added" not in row["(0.5, 1) - grpo, final avg@k"]
+
+
+def test_a_warm_start_with_another_hash_stops_the_study(tmp_path, tiny_model_path):
+    """The study's JSON records the weights its runs started from; a cached warm start with another hash (rebuilt
+    on a machine with another instruction set, say) stops the study in one line before any run."""
+    import models
+    import study
+    have = models.weights_hash(tiny_model_path)
+    assert study.check_warm_start({}, tiny_model_path, "s.json") == have  # a new study: recorded at collect
+    assert study.check_warm_start({study.WARM_START: {"sha256": have}}, tiny_model_path, "s.json") == have
+    with pytest.raises(SystemExit) as stopped:
+        study.check_warm_start({study.WARM_START: {"sha256": "0" * 16, "machine": "AMD EPYC, AVX2"}}, tiny_model_path,
+                               "s.json")
+    assert str(stopped.value).startswith(f"study.py: error: the warm start {tiny_model_path} has weights hash {have}, "
+                                         "but the runs of s.json started from 0000000000000000 (AMD EPYC, AVX2)")
+    runs = {"grpo": {"0": {"steps_done": 2}}, study.WARM_START: {"sha256": have}, study.SUPERSEDED: {"grpo": {}}}
+    assert list(study.configurations(runs)) == ["grpo"]  # neither key is tabulated as a configuration

@@ -230,25 +230,63 @@ def run_record(out: str) -> dict | None:
             "best_acc": best[1], "best_step": best[0],
             "entropy_first10": window_mean(rows, "entropy", True), "entropy_last10": window_mean(rows, "entropy", False),
             "reward_first10": window_mean(rows, "reward_mean", True), "reward_last10": window_mean(rows, "reward_mean", False),
-            "hardware": hardware_segments(out, rows), "steps": [{k: r[k] for k in KEPT if k in r} for r in rows]}
+            "hardware": hardware_segments(out, rows), "model_sha256": _config(out).get("model_sha256"),
+            "steps": [{k: r[k] for k in KEPT if k in r} for r in rows]}
+
+
+def _config(out: str) -> dict:
+    """A run folder's config.json ({} where it has none or it is unreadable)."""
+    try:
+        with open(os.path.join(out, "config.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+# Keys of the study's JSON that are not configurations: the warm start every run started from (its weights' hash,
+# models.weights_hash, and the machine that rebuilt it identically), and runs made by code since corrected, kept
+# for the record ({config: {seed: record with "superseded_because"}}) and never tabulated.
+WARM_START, SUPERSEDED = "_warm_start", "_superseded"
 
 
 def load_study(path: str) -> dict:
     """The study's JSON, each run's steps read with one row per step (the last logged; see dedupe_steps)."""
     study = json.load(open(path)) if os.path.exists(path) else {}
-    for runs in study.values():
+    for runs in configurations(study).values():
         for run in runs.values():
             if "steps" in run:
                 run["steps"] = dedupe_steps(run["steps"])
     return study
 
 
-def collect(path: str, root: str, names, seeds, log=print) -> dict:
+def configurations(study: dict) -> dict:
+    """The study's configurations: its JSON without the warm start and the superseded runs."""
+    return {name: runs for name, runs in study.items() if not name.startswith("_")}
+
+
+def check_warm_start(study: dict, model_path: str, json_path: str) -> str | None:
+    """The runs of a study pair only if they start from the same weights: a cached warm start whose hash differs from
+    the one the study recorded stops the study before any run (SystemExit, one line). Returns the hash."""
+    import models
+    have = models.weights_hash(model_path)
+    want = study.get(WARM_START, {}).get("sha256")
+    if want and have != want:
+        sys.exit(f"study.py: error: the warm start {model_path} has weights hash {have}, but the runs of {json_path} "
+                 f"started from {want} ({study[WARM_START].get('machine', 'machine unknown')}); its runs would not pair "
+                 "with them. The warm start is deterministic on one machine type but not across CPU instruction sets: "
+                 "run the study where it was built, or start a new one with --json")
+    return have
+
+
+def collect(path: str, root: str, names, seeds, log=print, warm_start: str | None = None) -> dict:
     """The study's JSON at `path`, updated with every run found under root (runs not found are left as they were).
     A run folder whose metrics are refused (see refusal), or hold fewer steps than the run's record, is not recorded:
-    a line says so and the record stays. The file is rewritten only when a record changed."""
+    a line says so and the record stays. The file is rewritten only when a record changed. warm_start: the hash of
+    the weights the runs started from, recorded where the study has none yet."""
     study = load_study(path)
     changed = not os.path.exists(path)
+    if warm_start and WARM_START not in study:
+        study[WARM_START], changed = {"sha256": warm_start}, True
     for name in names:
         for seed in seeds:
             out = os.path.join(root, f"{name}-s{seed}")
@@ -844,7 +882,11 @@ def main():
                               str(args.steps), *extra], prog="study.py")
     root = os.path.join(args.root, args.preset)
     figures = args.figures or os.path.join(ROOT, "docs", "figures", f"study-{args.preset}")
-    start = time.time()
+    json_path = args.json or os.path.join(ROOT, "docs", "figures", f"study-{args.preset}.json")
+    start, warm_start = time.time(), None
+    if not args.plot_only:  # the runs start from the study's warm start or not at all (built here if not cached)
+        import models
+        warm_start = check_warm_start(load_study(json_path), models.resolve_model(settings.model), json_path)
     if not args.plot_only:
         jobs = [(name, seed) for seed in seeds for name in names]  # seed-major: an interrupted study has whole seeds first
         threads = max(1, (os.cpu_count() or 1) // args.parallel) if args.parallel > 1 else None
@@ -854,7 +896,7 @@ def main():
             failed = [str(f.exception()) for f in futures if f.exception()]
         if failed:
             sys.exit("\n".join(failed))
-    study = collect(args.json or os.path.join(ROOT, "docs", "figures", f"study-{args.preset}.json"), root, names, seeds)
+    study = configurations(collect(json_path, root, names, seeds, warm_start=warm_start))
     missing = missing_evaluations(study, settings.eval_every, settings.eval_before_train)
     for line in missing:
         print(f"[study] planned evaluation missing: {line}")

@@ -54,7 +54,7 @@ class Args:
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global gradient norm
     train_prompts: int = 32  # at most this many kept groups are trained on per step (not given: follows --gen-prompts down)
-    mini_batch_prompts: int = 4  # prompts per optimizer step (train_prompts / this = optimizer steps per step)
+    mini_batch_prompts: int = 4  # prompts per optimizer step (train_prompts / this = optimizer steps per step; not given: follows --gen-prompts down)
     micro_batch_size: int = 32  # sequences per forward/backward; gradients accumulate over micro-batches
     micro_batch_tokens: int = 0  # >0: padding-free micro-batches, sequences packed into rows of at most this many tokens (micro_batch_size unused); 0 = padded
     max_steps: int = 100  # training steps
@@ -136,7 +136,14 @@ def resolve(preset: str, given: dict) -> Args:
     spec = PRESETS[preset]
     run = {f.name: f.default for f in RUN_FIELDS}
     run.update({k: v for k, v in spec.items() if k not in ("algo", "algo_options")})
+    preset_gen = run["gen_prompts"]
     run.update({k: v for k, v in given.items() if k in run})
+    if "mini_batch_prompts" not in given and run["gen_prompts"] < preset_gen:
+        # fewer prompts sampled: smaller mini-batches, so a step still makes the preset's optimizer steps per rollout
+        # batch and updates off-policy after the first (with one, every objective here has PPO's on-policy gradient)
+        run["mini_batch_prompts"] = max(1, run["mini_batch_prompts"] * run["gen_prompts"] // preset_gen)
+        if "micro_batch_size" not in given:
+            run["micro_batch_size"] = math.gcd(run["micro_batch_size"], run["mini_batch_prompts"] * run["n"])
     if "train_prompts" not in given:  # fewer prompts sampled: train on at most those, in whole mini-batches
         fit = min(run["train_prompts"], run["gen_prompts"])
         run["train_prompts"] = max(fit - fit % max(run["mini_batch_prompts"], 1), min(run["mini_batch_prompts"], fit))
@@ -346,7 +353,8 @@ def read_config(path: str, parser) -> tuple[dict, str | None]:
         kind = kinds[name]
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool)) or (kind is float and isinstance(value, int) and not isinstance(value, bool))
         if not ok:
-            fail(f"{_short(key, quote=False)} must be a {kind.__name__}, got {type(value).__name__} {_short(value)}")
+            article = "an" if kind.__name__[0] in "aeiou" else "a"
+            fail(f"{_short(key, quote=False)} must be {article} {kind.__name__}, got {_short(value)}")
         out[name] = float(value) if kind is float else value
     return out, preset
 

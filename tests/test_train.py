@@ -489,7 +489,7 @@ def test_mistakes_get_the_closest_name_and_the_first_real_problem(argv, message,
 def test_underscore_spellings_and_derived_train_prompts():
     args = parse_train_args(["--max_steps", "3", "--mini_batch_prompts=2", "--preset", "sums", "--gen-prompts", "6"])
     assert (args.max_steps, args.mini_batch_prompts, args.train_prompts) == (3, 2, 6)
-    assert parse_train_args(["--preset", "sums", "--gen-prompts", "7"]).train_prompts == 6  # whole mini-batches of 2
+    assert parse_train_args(["--preset", "sums", "--gen-prompts", "7", "--mini-batch-prompts", "2"]).train_prompts == 6  # whole mini-batches of 2
     assert parse_train_args(["--gen-prompts", "64"]).train_prompts == 32  # the preset's own count is the most
 
 
@@ -549,3 +549,31 @@ def test_a_stale_sampler_stops_the_run_with_one_line(sampler, tmp_path, tiny_mod
         assert stopped == 2 and "its model.embed_tokens.weight, " in last and "differ from the trainer's" in last
     assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, stopped))  # the steps before it are intact
     assert sorted(os.listdir(tmp_path / "checkpoints"))[-1] == f"step_{stopped - 1:06d}"
+
+
+def test_the_quick_command_tells_the_objectives_apart(tiny_model_path):
+    """README's quick run (`--gen-prompts 8`) keeps the preset's optimizer steps per rollout batch: mini-batches of 1
+    prompt, so after the first the update is off-policy and GRPO, GSPO, SAPO and CE-GPPO move the weights differently
+    (with one on-policy mini-batch they share a gradient, and their runs were bit-identical)."""
+    import random
+    from transformers import AutoModelForCausalLM
+    quick = parse_train_args(["--gen-prompts", "8"])
+    assert (quick.gen_prompts, quick.train_prompts, quick.mini_batch_prompts, quick.micro_batch_size) == (8, 8, 1, 8)
+    assert parse_train_args(["--preset", "sums", "--gen-prompts", "8"]).mini_batch_prompts == 1  # 2 x 8 / 32 -> 1
+    rng = random.Random(0)
+    groups = [[{"prompt_ids": [rng.randrange(5, 270) for _ in range(6)], "response_ids": [rng.randrange(5, 270) for _ in range(12)],
+                "advantage": rng.gauss(0, 1), "correct": rng.random() < 0.5} for _ in range(quick.n)] for _ in range(3)]
+    moved = {}
+    for algo in ("grpo", "gspo", "sapo", "ce_gppo"):
+        args = parse_train_args(["--gen-prompts", "8", "--algo", algo])
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+        policy = train.make_policy(args, model, optimizer, 0, torch.device("cpu"))
+        metrics = train_update(policy, [groups[0], groups[1], groups[2]], args.loss)  # 3 kept groups: 3 mini-batches
+        assert metrics["optimizer_steps"] == 3
+        moved[algo] = torch.cat([p.detach().flatten() for p in model.parameters()])
+    for a in moved:
+        for b in moved:
+            if a < b:
+                assert not torch.equal(moved[a], moved[b]), (a, b)

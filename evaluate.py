@@ -249,6 +249,8 @@ def main(argv=None):
     if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
         raise UserError(f"--output {args.output}: cannot write in {out_dir}")
     problems = {b: data.load_benchmark(b, args.data_dir, args.limit) for b in args.benchmarks}  # bad data fails now
+    print(f"evaluate.py: {', '.join(f'{b} ({len(p)} problems)' for b, p in problems.items())}; loading {args.model} "
+          f"and the {args.sampler} sampler ...", flush=True)  # the libraries and the engine take ~30 s on a CPU
 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer

@@ -68,8 +68,8 @@ class Args:
     eval_before_train: bool = False  # also evaluate the starting weights (logged as step 0)
     log_samples_every: int = 10  # write a few prompts with their completions to samples.jsonl every N steps; 0 = never
     run_name: str = ""  # name for tensorboard / wandb; empty = the output folder's name
-    tensorboard: bool = False  # also log to tensorboard (pip install -r requirements-logging.txt)
-    wandb: bool = False  # also log to Weights & Biases (pip install -r requirements-logging.txt)
+    tensorboard: bool = False  # also log to tensorboard (requirements-logging.txt; the error says how to install it)
+    wandb: bool = False  # also log to Weights & Biases (requirements-logging.txt; the error says how to install it)
 
 
 # The values a string flag takes (each shown in --help and checked at start).

@@ -119,7 +119,7 @@ def option(default, rule: Rule):
 class LossConfig:
     """Every hyperparameter of the objectives. Each field is also a train.py flag (--eps-low, ...), checked by its rule.
     An algorithm reads only the fields its token loss uses; its own defaults are in ALGORITHMS[algo].defaults."""
-    algo: str = option("ce_gppo", Rule(choices="ALGORITHMS"))  # the objective (see ALGORITHMS below)
+    algo: str = option("ce_gppo", Rule(choices="ALGORITHMS"))  # the objective: one of loss.ALGORITHMS (README's table of the family)
     eps_low: float = option(0.2, Rule(0, 1, low_open=True))  # lower clip range: the interval is [1 - eps_low, 1 + eps_high]; 1 = no lower bound
     eps_high: float = option(0.2, Rule(0, low_open=True))  # upper clip range
     beta1: float = option(0.5, Rule(0))  # CE-GPPO gradient scale on the left boundary (d < 1-eps, A < 0); larger lowers entropy

@@ -900,7 +900,11 @@ def check_loggers(tensorboard: bool, wandb: bool):
     import importlib.util
     for on, package in ((tensorboard, "tensorboard"), (wandb, "wandb")):
         if on and importlib.util.find_spec(package) is None:
-            raise UserError(f"--{package} needs the {package} package: pip install -r requirements-logging.txt")
+            import transformers
+            # pinned to what is installed, so that pip cannot move the versions the sampler needs
+            command = (f"{os.path.relpath(sys.executable)} -m pip install -r requirements-logging.txt "
+                       f"torch=={torch.__version__.split('+')[0]} transformers=={transformers.__version__}")
+            raise UserError(f"--{package} needs the {package} package: {command}")
 
 
 def open_loggers(output_dir: str, run_name: str, tensorboard: bool, wandb: bool, flags: dict):

@@ -365,3 +365,17 @@ def test_config_json_keeps_the_launch_and_a_rerun_from_it_is_a_new_run(tmp_path)
     assert rerun.resume is False and rerun.output_dir == str(tmp_path / "new")
     legacy = write(tmp_path / "legacy.json", json.dumps({"flags": {**flags_now, "resume": True}}))  # saved before this fix
     assert parse_train_args(["--config", legacy, "--output-dir", str(tmp_path / "new")]).resume is False
+
+
+def test_a_missing_logging_package_names_the_whole_install_command(monkeypatch):
+    """requirements-logging.txt asks pip not to move torch or transformers; the message gives the command with both
+    pinned to what is installed, for the venv's own Python."""
+    import importlib.util
+
+    import transformers
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(RF.UserError) as e:
+        RF.check_loggers(tensorboard=True, wandb=False)
+    assert str(e.value).startswith("--tensorboard needs the tensorboard package: ")
+    assert str(e.value).endswith(f"-m pip install -r requirements-logging.txt torch=={torch.__version__.split('+')[0]} "
+                                 f"transformers=={transformers.__version__}")

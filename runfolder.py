@@ -264,11 +264,12 @@ def _lock_note(text) -> str:
         return text.strip()[:200]
 
 
-def begin(output_dir: str, resume: bool, resume_from: str | None, flags: dict, info: dict, log=print):
+def begin(output_dir: str, resume: bool, resume_from: str | None, flags: dict, info: dict, log=print, restore=True):
     """Start writing: on resume, set aside the rows logged after the checkpoint (or all of them, with none) and any
-    torn line; write config.json (the flags, and info: preset, versions, ...). A resume keeps the launch's command and
-    start and appends its own (command, time, host, commit) to `resumes`. `resume` is how this process started, not a
-    setting of the run: it is not saved, so a rerun from config.json starts a new run."""
+    torn line, and (restore) put back the checkpoint's own row where the log lacks it (restore_row); write
+    config.json (the flags, and info: preset, versions, ...). A resume keeps the launch's command and start and
+    appends its own (command, time, host, commit) to `resumes`. `resume` is how this process started, not a setting
+    of the run: it is not saved, so a rerun from config.json starts a new run."""
     flags = {k: v for k, v in flags.items() if k != "resume"}
     if D.is_main():
         path = os.path.join(output_dir, "config.json")
@@ -276,7 +277,7 @@ def begin(output_dir: str, resume: bool, resume_from: str | None, flags: dict, i
             metrics = os.path.join(output_dir, "metrics.jsonl")
             # no checkpoint: the run starts over, its step-0 evaluation included, so no row is kept (step 0's once)
             keep_rows_up_to(metrics, step_of(resume_from) if resume_from else -1, log)
-            if resume_from:
+            if resume_from and restore:
                 restore_row(metrics, read_trainer_state(resume_from).get("row"), log)
             info = _with_resume(info, path)
         write_json_atomically(path, {**info, "flags": flags})
@@ -454,6 +455,16 @@ def keep_rows_up_to(metrics_path: str, step: int, log=print):
         f.writelines(keep)
     os.replace(tmp, metrics_path)
     log(f"moved {len(drop)} row(s) logged after step {step} (or torn) to {os.path.basename(metrics_path).replace('.jsonl', '.discarded.jsonl')}")
+
+
+def lost_row(output_dir: str, checkpoint: str) -> dict | None:
+    """The checkpoint's own metrics row where the log has none for that step (the run stopped between the checkpoint
+    and the row, during that step's evaluation), else None. Reads only: any rank may ask, before begin()."""
+    row = read_trainer_state(checkpoint).get("row")
+    if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+        return None
+    logged = [r.get("step") for r in read_jsonl(os.path.join(output_dir, "metrics.jsonl"))]
+    return None if row["step"] in logged else row
 
 
 def restore_row(metrics_path: str, row, log=print):

@@ -56,6 +56,8 @@ def main(args: Args):
     policy = run.policy
     if args.eval_before_train and run.loop["step"] == 0:  # the starting weights' score, logged as step 0
         RF.append_jsonl(run.metrics_path, [evaluation_row(run, args, step=0)])
+    if run.lost_row:  # resumed from a checkpoint whose step's evaluation never finished: it runs now, as it would have
+        RF.append_jsonl(run.metrics_path, [{**run.lost_row, **evaluation_row(run, args, run.lost_row["step"])}])
     for step in run.bar:
         clock = [time.perf_counter()]
         batch = run.stream.next_batch(args.gen_prompts)
@@ -119,6 +121,7 @@ class Run:
     log: object
     first_step: int  # where this process started: 0, or the step of the checkpoint it resumed from
     eval_settings: dict = None  # k, max_tokens, temperature, top_p of the held-out evaluation
+    lost_row: dict = None  # the resumed checkpoint's own row, to log with the evaluation its step never finished
 
 
 def start_run(args) -> Run:
@@ -141,7 +144,9 @@ def start_run(args) -> Run:
     model_path = models.resolve_model(args.model)
     policy, tokenizer = load_policy(args, model_path, device, [r["prompt"] for r in rows + eval_rows])
     info = {**RF.run_info(getattr(args, "preset", "")), "model_sha256": models.weights_hash(model_path)}  # which warm start
-    RF.begin(args.output_dir, args.resume, resume_from, flags.flat_flags(args), info, log)
+    lost = RF.lost_row(args.output_dir, resume_from) if resume_from else None  # read by every rank before begin writes
+    lost = lost if lost and evaluates_at(args, lost["step"]) else None
+    RF.begin(args.output_dir, args.resume, resume_from, flags.flat_flags(args), info, log, restore=lost is None)
     stream = data.PromptStream(rows, args.seed)
     loop = {"od_state": 0, "initial_entropy": None, "step": 0}
     if resume_from:
@@ -161,7 +166,12 @@ def start_run(args) -> Run:
     bar = tqdm(range(loop["step"], args.max_steps), initial=loop["step"], total=args.max_steps, desc="train",
                dynamic_ncols=True, disable=not D.is_main())
     return Run(policy, tokenizer, sampler, stream, eval_rows, loop, loggers, bar, device,
-               os.path.join(args.output_dir, "metrics.jsonl"), log, loop["step"], settings)
+               os.path.join(args.output_dir, "metrics.jsonl"), log, loop["step"], settings, lost)
+
+
+def evaluates_at(args, done: int) -> bool:
+    """Whether step `done` (counted from 1) ends with a held-out evaluation."""
+    return bool(args.eval_every) and (done % args.eval_every == 0 or done == args.max_steps)
 
 
 @dataclass
@@ -194,7 +204,7 @@ def end_step(run: Run, args, s: Step):
         RF.save_checkpoint(args.output_dir, done, args.keep_checkpoints, run.policy.model, run.tokenizer,
                            run.policy.optimizer, {"scheduler": run.policy.scheduler.state_dict(), "data": run.stream.state(),
                                                   "loop": loop, "flags": flags.flat_flags(args), "row": dict(row)})
-    if args.eval_every and (done % args.eval_every == 0 or done == args.max_steps):
+    if evaluates_at(args, done):
         row.update(evaluation_row(run, args, done))
     RF.append_jsonl(run.metrics_path, [row])
     samples = None
@@ -226,6 +236,7 @@ def evaluation_row(run: Run, args, step: int) -> dict:
     if D.is_main():
         run.bar.write(f"step {step}: held-out evaluation, {len(run.eval_rows)} problems x {run.eval_settings['k']} samples "
                       f"of up to {run.eval_settings['max_tokens']} tokens ...")  # the bar would otherwise sit still
+    RF.crash_point(f"evaluation:{step}")
     mine = [run.eval_rows[i] for i in D.my_share(len(run.eval_rows))]  # empty on a rank past the last problem
     seed = args.seed * 1_000_003 + step - 1 + 500_000  # the step's: rank 0 samples with it, rank r with rank_seed's
     run.sampler.wake_up()

@@ -577,3 +577,22 @@ def test_the_quick_command_tells_the_objectives_apart(tiny_model_path):
         for b in moved:
             if a < b:
                 assert not torch.equal(moved[a], moved[b]), (a, b)
+
+
+def test_a_run_killed_during_an_evaluation_evaluates_that_step_on_resume(tmp_path, tiny_model_path):
+    """Step 2's checkpoint is written before its evaluation: killed during that evaluation (kill -9), the resumed run
+    evaluates step 2 from the checkpoint and logs its row once, with the eval_acc an uninterrupted run logs."""
+    problems = tmp_path / "four.jsonl"
+    problems.write_text("".join(json.dumps({"problem": f"Compute {a} + {a + 1}.", "answer": str(2 * a + 1)}) + "\n"
+                                for a in range(1, 5)))
+    two = ["--sampler", "hf", "--max-steps", "2", "--save-every", "2", "--eval-every", "2", "--eval-data", str(problems),
+           "--log-samples-every", "0"]
+    run_train(tmp_path / "straight", *two)
+    env = {**os.environ, "TRAIN_CRASH_AT": "evaluation:2"}
+    killed = subprocess.run([sys.executable, "train.py", *SMALL, *two, "--output-dir", str(tmp_path / "killed")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600, env=env)
+    assert killed.returncode == -9 and [r["step"] for r in read_metrics(tmp_path / "killed")] == [1]
+    run_train(tmp_path / "killed", *two, "--resume")
+    want, got = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "killed")
+    assert [r["step"] for r in got] == [1, 2] and "eval_lost" not in got[1]
+    assert got[1]["eval_acc"] == want[1]["eval_acc"] and got[1]["reward_mean"] == want[1]["reward_mean"]

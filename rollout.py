@@ -383,10 +383,9 @@ def stale_tensors(sampler, model) -> list[str]:
     """Names of the checked tensors whose engine copy differs from the trainer's (all ranks take part: under FSDP
     the trainer's are gathered whole)."""
     import distributed as D
-    trainer_names = [name for name, _ in model.named_parameters()]
-    params = dict(model.named_parameters())
-    engine = {name: _comparable(t, params[name]) for name, t in sampler.weights(trainer_names).items()}  # DTensor shapes are whole
-    common = [name for name in trainer_names if engine.get(name) is not None]
+    params = dict(model.named_parameters())  # under FSDP, DTensors: their shapes are the whole tensors'
+    engine = {name: _comparable(t, params[name]) for name, t in sampler.weights(list(params)).items()}
+    common = [name for name in params if engine.get(name) is not None]
     picked = sorted({round(i * (len(common) - 1) / (CHECKED_TENSORS - 1)) for i in range(CHECKED_TENSORS)}) if common else []
     stale = []
     for name in (common[i] for i in picked):

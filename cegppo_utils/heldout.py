@@ -6,9 +6,9 @@ tokens for AIME, 16k for the others (data.BENCHMARKS); temperature 0.6 and top_p
 config (the paper does not state them).
 """
 
-import data
 import reward
 import rollout
+from cegppo_utils import data
 
 TEMPERATURE, TOP_P = 0.6, 0.95  # the official validation sampling
 

@@ -41,12 +41,12 @@ class UserError(SystemExit):
 # name -> (training rows, held-out rows): problems built in code by tiny.py, so CPU runs need no download.
 
 def task_names() -> list[str]:
-    import tiny
+    from cegppo_utils import tiny
     return sorted(tiny.TASKS)
 
 
 def _task_rows(name, split, seed):
-    import tiny
+    from cegppo_utils import tiny
     problems = tiny.TASKS[name].train(seed) if split == "train" else tiny.TASKS[name].held_out()
     return [make_row(i, p["problem"], p["answer"]) for i, p in enumerate(problems)]
 
@@ -398,7 +398,7 @@ def benchmark_defaults(name: str) -> dict:
     if name in BENCHMARKS:
         return {k: BENCHMARKS[name][k] for k in ("k", "max_tokens")}
     if name in task_names():
-        import tiny
+        from cegppo_utils import tiny
         return dict(k=tiny.TASKS[name].k, max_tokens=tiny.TASKS[name].max_response_len)
     return dict(USER_FILE_DEFAULTS)
 

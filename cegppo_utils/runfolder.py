@@ -21,7 +21,6 @@ Rules:
     last good checkpoint.
 """
 
-import dataclasses
 import errno
 import json
 import os
@@ -39,8 +38,8 @@ import warnings
 
 import torch
 
-import distributed as D
-from data import UserError
+from cegppo_utils import distributed as D
+from cegppo_utils.data import UserError
 
 # Flags that may change when a run is resumed: how long it runs and what it logs, not what it computes.
 RESUMABLE = {"max_steps", "save_every", "keep_checkpoints", "eval_every", "log_samples_every", "tensorboard", "wandb",
@@ -356,7 +355,7 @@ def check_model_folder(path: str, flag: str = "--model"):
         raise UserError(f"{flag} {path}: config.json names no model_type (not an HF model config)")
     if ".metadata" in names and any(n.endswith(".distcp") for n in names):
         raise UserError(f"{flag} {path} is a training checkpoint, not a model folder: export it first with "
-                        f"python runfolder.py export {path} OUT")
+                        f"python -m cegppo_utils.runfolder export {path} OUT")
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if index in names:
             weight_map = read_json_object(os.path.join(path, index), f"{flag} ").get("weight_map")
@@ -625,7 +624,6 @@ def save_checkpoint(output_dir, step, keep, model, tokenizer, optimizer, trainer
 def load_checkpoint(folder, model, optimizer) -> dict:
     """Loads a save_checkpoint folder into the (possibly sharded) model and optimizer and restores the RNG state;
     returns trainer_state."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     check_dcp_metadata(folder)  # DCP unpickles it without restriction
     model_state, optimizer_state = get_state_dict(model, optimizer)
@@ -781,13 +779,13 @@ def _dcp_load(state, folder, no_dist=None, prefix="--resume: "):
 
 def export_hf(checkpoint_dir, out_dir):
     """A checkpoint's policy in HF format (for evaluate.py, vLLM or another run's --model), in one process whatever
-    world size wrote it: `python runfolder.py export runs/tiny/checkpoints/step_000050 runs/tiny/step_50`.
+    world size wrote it: `python -m cegppo_utils.runfolder export runs/tiny/checkpoints/step_000050 runs/tiny/step_50`.
     evaluate.py and train.py do this themselves for a checkpoint given as --model (exported()). The shards must hold
     exactly the tensors config.json describes (none missing, none extra, every shape equal): an edited config.json
     (fewer layers, another model_type) is refused, not loaded into a model it does not describe."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
     import transformers
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     transformers.utils.logging.disable_progress_bar()
     check_finished(checkpoint_dir)
@@ -875,7 +873,7 @@ def _writable(folder) -> bool:
 
 
 def check_export_target(out_dir, overwrite: bool):
-    """Where `runfolder.py export` may write: a new or empty folder, or with --overwrite an earlier export (a model
+    """Where `cegppo_utils.runfolder export` may write: a new or empty folder, or with --overwrite an earlier export (a model
     folder, replaced whole); never a file, a run folder, a checkpoint folder or the root."""
     real = os.path.realpath(out_dir)
     if os.path.dirname(real) == real:
@@ -950,7 +948,7 @@ def open_loggers(output_dir: str, run_name: str, tensorboard: bool, wandb: bool,
 
 def main(argv=None):
     import argparse
-    parser = argparse.ArgumentParser(prog="runfolder.py", description="The run folder's tools.")
+    parser = argparse.ArgumentParser(prog="python -m cegppo_utils.runfolder", description="The run folder's tools.")
     parser.error = lambda message: parser.exit(2, f"runfolder.py: error: {message}\n")
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="a checkpoint's policy as an HF model folder")

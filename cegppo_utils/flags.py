@@ -15,9 +15,8 @@ import struct
 import sys
 from dataclasses import dataclass, field, fields
 
-import correction
-import data
 import loss as L
+from cegppo_utils import correction, data
 
 
 @dataclass
@@ -65,7 +64,7 @@ class Args:
     keep_checkpoints: int = 2  # how many checkpoints to keep
     # --- logging
     eval_every: int = 25  # held-out avg@k (as evaluate.py computes it) every N steps and at the end; 0 = never
-    eval_before_train: bool = False  # also evaluate the starting weights (logged as step 0)
+    eval_before_train: bool = True  # also evaluate the starting weights, logged as step 0 (off under --eval-every 0 unless given)
     log_samples_every: int = 10  # write a few prompts with their completions to samples.jsonl every N steps; 0 = never
     run_name: str = ""  # name for tensorboard / wandb; empty = the output folder's name
     tensorboard: bool = False  # also log to tensorboard (requirements-logging.txt; the error says how to install it)
@@ -154,6 +153,8 @@ def resolve(preset: str, given: dict) -> Args:
     options.update({f.name: given[f.name] for f in LOSS_FIELDS if f.name in given})
     if not options.get("norm_len"):
         options["norm_len"] = run["max_response_len"]  # Dr. GRPO's constant: the max response length
+    if "eval_before_train" not in given and run["eval_every"] == 0:  # --eval-every 0 alone: no evaluation at all
+        run["eval_before_train"] = False
     if run["eval_data"] == "auto":  # an offline task evaluates on its own held-out set; other data needs --eval-data
         run["eval_data"] = run["train_data"] if run["train_data"] in data.task_names() else ""
     run["run_name"] = run["run_name"] or os.path.basename(os.path.normpath(run["output_dir"]))
@@ -231,11 +232,10 @@ def validate(a: Args) -> list[str]:
     if 0 < a.micro_batch_tokens < a.max_prompt_len + a.max_response_len:
         problems.append(f"--micro-batch-tokens ({a.micro_batch_tokens}) must hold the longest sequence, max-prompt-len + "
                         f"max-response-len = {a.max_prompt_len + a.max_response_len} (or be 0: padded micro-batches)")
-    if (a.eval_every or a.eval_before_train) and not a.eval_data:
-        asked = " and ".join(([f"--eval-every {a.eval_every}"] if a.eval_every else []) +
-                             (["--eval-before-train"] if a.eval_before_train else []))
-        problems.append(f"{asked} {'need' if ' and ' in asked else 'needs'} --eval-data (a benchmark name or file) for "
-                        f"--train-data {a.train_data}; or pass --eval-every 0 --no-eval-before-train")
+    if (a.eval_every or a.eval_before_train) and not a.eval_data:  # --eval-every 0 turns both off (resolve)
+        asked = f"--eval-every {a.eval_every}" if a.eval_every else "--eval-before-train"
+        problems.append(f"{asked} needs --eval-data (a benchmark name or file) for --train-data {a.train_data}; or pass "
+                        f"{'--eval-every 0' if a.eval_every else '--no-eval-before-train'}")
     return problems
 
 

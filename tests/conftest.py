@@ -1,19 +1,16 @@
-# Lets tests import the top-level scripts (loss.py, ...) and the tools, shares the tiny model, and runs train.py's
-# stages the way its main does.
+# Shares the tiny model and vLLM engines between tests, and runs train.py's stages the way its main does. The
+# repository root is on the import path through pyproject.toml (pytest's `pythonpath`).
 import os
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, ROOT)
-sys.path.insert(1, os.path.join(ROOT, "tools"))  # the research tools, for their tests
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="session")
 def tiny_model_path():
     """The warm-started tiny model, built once into .cache/ (about a minute on 2 cores) and reused."""
-    import tiny
+    from cegppo_utils import tiny
     return tiny.ensure_tiny_model()
 
 
@@ -50,8 +47,8 @@ def close_engine(engine):
 
 def parse_train_args(argv):
     """train.py's command line as train.run parses it."""
-    import flags
     import train
+    from cegppo_utils import flags
     return flags.parse_args(argv, train.__doc__)
 
 

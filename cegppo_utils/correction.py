@@ -19,23 +19,23 @@ import math
 
 import torch
 
-import distributed as D
-import logprobs
+from cegppo_utils import distributed as D
+from cegppo_utils import logprobs
 from loss import LOG_RATIO_CLAMP
 
 MODES = ("none", "token-tis", "token-mis", "seq-tis", "seq-mis")
 
 
 def correct(micro_batches, mode: str, threshold: float, device) -> dict:
-    """The entry point. Each micro-batch holds the trainer's old log-probs ("old_logp"), what the sampler's
-    truncation keeps under the trainer's distribution ("kept", a logprobs.Truncation) and the sampler's own
-    log-probs ("sampler_logp"); each gets its weights ("weights", for loss.policy_loss). Returns the step's metrics,
+    """The entry point. Each micro-batch (train.MicroBatch) holds the trainer's old log-probs (old_logp), what the
+    sampler's truncation keeps under the trainer's distribution (kept, a logprobs.Truncation) and the sampler's own
+    log-probs (sampler_logp); each gets its weights (weights, for loss.policy_loss). Returns the step's metrics,
     over every rank's tokens."""
     log_rhos, corrected = [], []
     for mbs in micro_batches:
         for mb in mbs:
-            trainer_logp = logprobs.truncated_logprobs(mb["old_logp"], mb["kept"])
-            mb["weights"], log_rho, flags = importance_weights(trainer_logp, mb["sampler_logp"], mb["response_mask"],
+            trainer_logp = logprobs.truncated_logprobs(mb.old_logp, mb.kept)
+            mb.weights, log_rho, flags = importance_weights(trainer_logp, mb.sampler_logp, mb.response_mask,
                                                                mode, threshold)
             log_rhos.append(log_rho), corrected.append(flags)
     return reduced_metrics(log_rhos, corrected, device)

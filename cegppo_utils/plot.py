@@ -1,8 +1,8 @@
 """Curves of one or more runs (train.py output folders), and a table of their results.
 
-    python plot.py runs/tiny                                   # -> runs/tiny/plots/curves.png, summary.md/.json
-    python plot.py runs/grpo runs/ce_gppo --out figures/       # several runs, side by side
-    python plot.py grpo=runs/grpo-s0,runs/grpo-s1 ce=runs/ce-s0,runs/ce-s1   # seeds of one configuration: mean, min-max
+    python -m cegppo_utils.plot runs/tiny                                   # -> runs/tiny/plots/curves.png, summary.md/.json
+    python -m cegppo_utils.plot runs/grpo runs/ce_gppo --out figures/       # several runs, side by side
+    python -m cegppo_utils.plot grpo=runs/grpo-s0,runs/grpo-s1 ce=runs/ce-s0,runs/ce-s1   # seeds of one configuration: mean, min-max
 
 Curves (smoothed over a few steps; with several seeds the line is their mean and the shading their min-max): token
 entropy, training reward, held-out accuracy, the four clip-region fractions, response length, approx KL, grad norm.
@@ -142,7 +142,7 @@ def draw(runs: dict[str, list[str]], path: str, window: int = 5, title: str | No
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper right", fontsize=9, ncol=min(4, len(labels)) or 1)
     seeds = max(len(dirs) for dirs in runs.values())
-    fig.suptitle(title or (", ".join(runs) + (f": mean over seeds (shaded: min-max)" if seeds > 1 else "")
+    fig.suptitle(title or (", ".join(runs) + (": mean over seeds (shaded: min-max)" if seeds > 1 else "")
                            + f", {window}-step moving average"), fontsize=11, x=0.02, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -223,7 +223,7 @@ def sample_line(sample: dict, width: int = 150) -> str:
 
 
 def main():
-    import flags  # the shared help formatter
+    from cegppo_utils import flags  # the shared help formatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=flags.HelpFormatter)
     parser.add_argument("runs", nargs="+", help="run folders, or NAME=DIR[,DIR...] for the seeds of one configuration")
     parser.add_argument("--out", default=None, help="output folder (default: plots/ beside the first run)")

@@ -55,7 +55,7 @@ def end_process():
     and freeing a tensor Python has already let go of takes the GIL; if the interpreter is finalizing by then, the
     thread is stopped inside C++ and the rank aborts (SIGABRT, "terminate called without an active exception") after
     all its work is done; a barrier first does not prevent it (its own work frees buffers the same way). PyTorch
-    issue 190489. How often each exit aborted: README, "Scaling out"."""
+    issue 190489. How often each exit aborted: docs/training.md, "Scaling out"."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

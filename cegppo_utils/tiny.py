@@ -2,7 +2,7 @@
 small Qwen2 models, and a short supervised warm start for each. Everything is built in code, so tests and CPU runs
 need no downloads. Each result is an ordinary HF model folder that transformers and vLLM both load.
 
-    python tiny.py            # build (or reuse) the warm-started model and print where it is
+    python -m cegppo_utils.tiny            # build (or reuse) the warm-started model and print where it is
 
 Why a warm start: a randomly initialised model never produces a correct \\boxed{} answer, every group has
 zero reward variance, and RL has nothing to learn from. A short SFT on worked examples puts accuracy
@@ -30,7 +30,7 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-DEFAULT_CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache")
+DEFAULT_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache")  # the repository's
 
 
 # --- the synthetic task -------------------------------------------------------------------------
@@ -391,4 +391,8 @@ def ensure_task_model(task: str, cache_dir: str = DEFAULT_CACHE, log=print) -> s
 
 
 if __name__ == "__main__":
-    print(ensure_task_model(sys.argv[1] if len(sys.argv) > 1 else "arith"))
+    task = sys.argv[1] if len(sys.argv) > 1 else "arith"
+    if task not in TASKS or len(sys.argv) > 2:
+        sys.stderr.write(f"usage: python -m cegppo_utils.tiny [{'|'.join(TASKS)}]  (builds or reuses a warm start)\n")
+        sys.exit(2)
+    print(ensure_task_model(task))

@@ -4,16 +4,16 @@ folder (its policy exported once to HF format in its hf/ folder), a hub id, or t
 
 import os
 
-import data
-import distributed as D
-import runfolder as RF
-from data import UserError
+from cegppo_utils import data
+from cegppo_utils import distributed as D
+from cegppo_utils import runfolder as RF
+from cegppo_utils.data import UserError
 
 
 def resolve_model(name: str) -> str:
     """A local folder or a hub id as it is; "tiny" (or "tiny:<task>") -> the warm-started offline model, built once."""
     if name == "tiny" or name.startswith("tiny:"):
-        import tiny
+        from cegppo_utils import tiny
         task = name.partition(":")[2] or "arith"
         if task not in tiny.TASKS:
             raise UserError(f"--model {name}: no offline task {task!r}; choose from {sorted(tiny.TASKS)}")

@@ -331,13 +331,8 @@ class Algorithm:
     paper: str  # where it comes from
     objective: str  # its per-token loss, in a line
     dynamic_clip: bool = True  # whether dynamic clip thresholds apply
-    # Every loss above is proportional to A, so a response with A = 0 gets no gradient from it and need not be
-    # run. A loss with a term that is not (a KL to a reference, say) sets this False.
-    zero_advantage_no_gradient: bool = True
-    # False where the loss picks tokens among those of one call (one micro-batch), as its reference code does: then
-    # splitting a mini-batch into micro-batches changes which tokens are picked, and the micro-batch losses do not
-    # add up to the one-piece mini-batch loss.
-    exact_over_micro_batches: bool = True
+    # Only an algorithm whose per-token loss is proportional to A may set this: train.py then skips its A = 0 responses.
+    proportional_to_advantage: bool = False
 
 
 _CLIP = ("eps_low", "eps_high", "loss_agg_mode")
@@ -346,37 +341,42 @@ ALGORITHMS = {
     # CE-GPPO: symmetric 0.2 (no clip-higher), dual clip 10, token-mean, the paper's recommended (0.5, 1) for 1.5B
     "ce_gppo": Algorithm(ce_gppo_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="token-mean",
                                                   beta1=0.5, beta2=1.0), _CLIP + ("beta1", "beta2", "clip_ratio_c"),
-                         "arXiv 2509.20712 Eq. 8", "the table above, then dual clip"),
+                         "arXiv 2509.20712 Eq. 8", "the table above, then dual clip", proportional_to_advantage=True),
     "gppo": Algorithm(gppo_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="token-mean"),
-                      _CLIP + ("clip_ratio_c",), "arXiv 2508.07629", "`ce_gppo` with `beta1 = beta2 = 1`"),
+                      _CLIP + ("clip_ratio_c",), "arXiv 2508.07629", "`ce_gppo` with `beta1 = beta2 = 1`",
+                      proportional_to_advantage=True),
     # GRPO Eq. 3 averages per response
     "grpo": Algorithm(ppo_clip_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="seq-mean-token-mean"),
-                      _CLIP + ("clip_ratio_c",), "arXiv 2402.03300 Eq. 3", "PPO-clip `max(-d A, -clip(d) A)`, then dual clip"),
+                      _CLIP + ("clip_ratio_c",), "arXiv 2402.03300 Eq. 3",
+                      "PPO-clip `max(-d A, -clip(d) A)`, then dual clip", proportional_to_advantage=True),
     # DAPO: clip-higher + token-mean
     "dapo": Algorithm(ppo_clip_token_loss, dict(eps_low=0.2, eps_high=0.28, clip_ratio_c=10.0, loss_agg_mode="token-mean"),
-                      _CLIP + ("clip_ratio_c",), "arXiv 2503.14476", "PPO-clip with clip-higher, then dual clip"),
+                      _CLIP + ("clip_ratio_c",), "arXiv 2503.14476", "PPO-clip with clip-higher, then dual clip",
+                      proportional_to_advantage=True),
     # CISPO: no lower bound; 0.28 is a common upper choice (MiniMax did not publish theirs; unverified for the paper)
     "cispo": Algorithm(cispo_token_loss, dict(eps_low=1.0, eps_high=0.28, clip_ratio_c=0.0, loss_agg_mode="token-mean"),
-                       _CLIP, "arXiv 2506.13585", "`-sg(clip(d, 1 - eps_low, 1 + eps_high)) A log pi`", dynamic_clip=False),
+                       _CLIP, "arXiv 2506.13585", "`-sg(clip(d, 1 - eps_low, 1 + eps_high)) A log pi`",
+                       dynamic_clip=False, proportional_to_advantage=True),
     # GSPO paper (v2) §5.1 ranges, sequence-level
     "gspo": Algorithm(gspo_token_loss, dict(eps_low=3e-4, eps_high=4e-4, clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-mean"),
                       _CLIP, "arXiv 2507.18071", "GSPO-token: sequence ratio `s = exp(mean_t log d)`, clipped per sequence",
-                      dynamic_clip=False),
+                      dynamic_clip=False, proportional_to_advantage=True),
     # SAPO: verl and TRL aggregate per response (seq-mean-token-mean) and apply no clip and no dual clip
     "sapo": Algorithm(sapo_token_loss, dict(clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-mean", tau_pos=1.0, tau_neg=1.05),
                       ("loss_agg_mode", "tau_pos", "tau_neg"), "arXiv 2511.20347",
-                      "`-sigmoid(tau (d - 1)) 4 / tau * A`, `tau = tau_pos` if `A > 0` else `tau_neg`", dynamic_clip=False),
+                      "`-sigmoid(tau (d - 1)) 4 / tau * A`, `tau = tau_pos` if `A > 0` else `tau_neg`",
+                      dynamic_clip=False, proportional_to_advantage=True),
     # Clip-Cov: the paper's and verl's r = 2e-4, bounds (1, 5), PPO-clip range 0.2, token-mean, no dual clip
     "clip_cov": Algorithm(clip_cov_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=0.0, loss_agg_mode="token-mean",
                                                     clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0),
                           _CLIP + ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"), "arXiv 2505.22617 (Clip-Cov)",
                           "PPO-clip; no gradient for `clip_cov_ratio` of the tokens with `Cov` in `(lb, ub)`, drawn at random",
-                          dynamic_clip=False, zero_advantage_no_gradient=False, exact_over_micro_batches=False),
+                          dynamic_clip=False),
     # KL-Cov: the paper's 7B run (k = 2e-3, coefficient 1); verl's yaml defaults are 2e-4 and 0.1
     "kl_cov": Algorithm(kl_cov_token_loss, dict(clip_ratio_c=0.0, loss_agg_mode="token-mean", kl_cov_ratio=2e-3, kl_cov_coef=1.0),
                         ("loss_agg_mode", "kl_cov_ratio", "kl_cov_coef"), "arXiv 2505.22617 (KL-Cov)",
                         "`-d A`, plus `kl_cov_coef * abs(log d)` on the `kl_cov_ratio` of tokens with the largest `Cov`",
-                        dynamic_clip=False, zero_advantage_no_gradient=False, exact_over_micro_batches=False),
+                        dynamic_clip=False),
 }
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -449,11 +449,12 @@ def ignored_fields(cfg: LossConfig) -> list[str]:
 
 
 def skips_zero_advantage(cfg: LossConfig) -> bool:
-    """Whether a response with A = 0 gets no gradient under cfg, so that train.py need not run it: declared by
-    the algorithm, and false as soon as a term that is not proportional to A is on (an entropy bonus, fixed or
+    """Whether a response with A = 0 gets no gradient under cfg, so that train.py need not run it: only where the
+    algorithm declares its per-token loss proportional to A (Algorithm.proportional_to_advantage; an undeclared one
+    keeps every response), and false as soon as a term that is not proportional to A is on (an entropy bonus, fixed or
     adaptive; the positive-example LM loss; the KL to the reference). Also false under the top-entropy mask: its
     quantile is taken over every token of the call, as TRL's, so leaving responses out would move it."""
-    return (ALGORITHMS[cfg.algo].zero_advantage_no_gradient and not cfg.entropy_coef and not cfg.adaptive_entropy
+    return (ALGORITHMS[cfg.algo].proportional_to_advantage and not cfg.entropy_coef and not cfg.adaptive_entropy
             and not cfg.positive_lm_coef and not cfg.kl_coef and cfg.top_entropy_quantile == 1.0)
 
 

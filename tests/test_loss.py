@@ -2,6 +2,7 @@
 
 import math
 import re
+from dataclasses import fields, replace
 
 import pytest
 import torch
@@ -354,3 +355,61 @@ def test_every_field_has_a_rule_and_bad_values_name_the_field():
         bad = "not an option" if rule.choices else -1.0
         problems = L.config_problems(L.replace(L.LossConfig(), **{f.name: bad}))
         assert problems and problems[0][0] == f.name and problems[0][1].startswith(f"{f.name} must be"), (f.name, problems)
+
+
+def every_region_batch():
+    """One fixed batch on which every read field of every loss moves the value: per-response advantages of both signs,
+    each sign on rows whose ratios sit mostly well below, around and well above the clip ranges (so GSPO's sequence
+    ratio too lands on both sides), tokens with A < 0 past the dual-clip bound (ratios up to ~16), unequal lengths."""
+    g = torch.Generator().manual_seed(7)
+    old_logp = -torch.rand(8, 10, generator=g, dtype=torch.float64) * 4 - 0.05
+    shift = torch.tensor([-1.5, -1.5, -0.5, -0.5, 0.5, 0.5, 1.5, 1.5], dtype=torch.float64).unsqueeze(-1)
+    logp = (old_logp + shift + 1.5 * torch.randn(8, 10, generator=g, dtype=torch.float64)).clamp(max=-1e-3)
+    adv = torch.tensor([-1.3, 0.8, -0.6, 1.1, -0.9, 0.5, -1.7, 1.4], dtype=torch.float64).unsqueeze(-1)
+    mask = (torch.arange(10) < torch.tensor([10, 7, 9, 4, 10, 6, 8, 5]).unsqueeze(-1)).to(torch.float64)
+    return logp, old_logp, adv, mask
+
+
+def other_values(rule, value):
+    """Valid values other than `value`, from the field's own Rule: every other choice; or a point inside the range:
+    halfway up to a finite upper bound (back down from it when at it), else halfway down to the lower bound (a field
+    at its lower bound and unbounded above: 10 more, clear of clip_ratio_c > 1 + eps_high)."""
+    if rule.choices:
+        return [o for o in rule.options() if o != value]
+    low = value - 10 if rule.low is None else rule.low
+    if rule.high is not None:
+        other = (value + rule.high) / 2 if value < rule.high else (low + rule.high) / 2
+    else:
+        other = (value + low) / 2 if value > low else low + 10
+    return [round(other) if rule.integer else other]
+
+
+@pytest.mark.parametrize("algo", sorted(L.ALGORITHMS))
+def test_registry_reads_are_exactly_the_fields_that_move_the_loss(algo):
+    """Another valid value of a field in `reads` moves policy_loss; of one outside `reads` and COMMON_FIELDS, not."""
+    logp, old_logp, adv, mask = every_region_batch()
+    base = L.loss_config(algo)
+
+    def value(cfg):
+        # Clip-Cov draws at random: the same seed for every call, so a field it does not read leaves the draw (and the
+        # value) bit-identical, and its bounds move the value through which candidates the draw sees
+        torch.manual_seed(0)
+        return L.policy_loss(logp, old_logp, adv, mask, cfg)[0].item()
+
+    want = value(base)
+    reads = set(L.ALGORITHMS[algo].reads)
+    problems = []
+    for f in fields(L.LossConfig):
+        if f.name == "algo" or f.name in L.COMMON_FIELDS:
+            continue
+        before = getattr(base, f.name)
+        for other in other_values(f.metadata["rule"], before):
+            cfg = replace(base, **{f.name: other})
+            invalid = L.config_problems(cfg)
+            if invalid:
+                problems.append(f"{f.name} -> {other!r} is not a valid value to try: {invalid[0][1]}")
+            elif f.name in reads and value(cfg) == want:
+                problems.append(f"{f.name} is in reads, but {before!r} -> {other!r} leaves the loss at {want!r}")
+            elif f.name not in reads and value(cfg) != want:
+                problems.append(f"{f.name} is not in reads, but {before!r} -> {other!r} moves the loss")
+    assert not problems, f"{algo}: " + "; ".join(problems)

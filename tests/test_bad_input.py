@@ -8,9 +8,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from conftest import ROOT
-from data import UserError
+
+from cegppo_utils.data import UserError
 
 
 def write(path, text, mode="w"):
@@ -104,6 +104,7 @@ def run(argv):
 def run_train_in_process(argv, capsys):
     """train.run, the function behind `python train.py`: (exit code, stderr); an exception escaping it is a failure."""
     import traceback
+
     import train
     try:
         train.run(argv[1:])
@@ -115,6 +116,7 @@ def run_train_in_process(argv, capsys):
     return code, capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path, tiny_model_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -132,6 +134,7 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, tiny_model_path, capsys
     assert len(in_process) >= 35 and len(others) >= 10
 
 
+@pytest.mark.slow
 def test_errors_come_before_the_model_loads(tmp_path, tiny_model_path):
     """A data error is found before any model weights are read: seconds, not the model's load time."""
     import time
@@ -144,7 +147,7 @@ def test_errors_come_before_the_model_loads(tmp_path, tiny_model_path):
     assert time.monotonic() - start < 60
 
 
-# --- the adversarial table (issue 23): malformed structure inside valid JSON, files that are not files, rows too
+# --- the adversarial table: malformed structure inside valid JSON, files that are not files, rows too
 # large to read, answers that can never be verified, run folders with parts missing or planted ------------------
 
 def jsonl(tmp, name, *rows):
@@ -301,7 +304,6 @@ def adversarial_cases(tmp):
     ]
     # --resume on a run folder whose newest checkpoint lacks a part, holds a torn one, or a planted pickle
     marker = tmp / "PLANTED-CODE-RAN"
-    import torch
     cases += [
         (name, t + ["--resume", "--output-dir", planted_run(tmp, name.replace(" ", "-"), part, content)], text)
         for name, part, content, text in [
@@ -395,11 +397,12 @@ def evaluate_cases(tmp):
     ]
 
 
+@pytest.mark.slow
 def test_adversarial_input_is_one_line_and_exit_code_2(tmp_path, tiny_model_path, capsys, monkeypatch):
     """The issue-23 table: each case fails in its own way, before any model loads, in one line naming the culprit."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    import runfolder
+    from cegppo_utils import runfolder
     cases, marker = adversarial_cases(tmp_path)
     said = []
     busy = runfolder.lock_output_dir(str(tmp_path / "busy"), log=said.append)  # another run holds this folder
@@ -433,9 +436,8 @@ def test_a_dead_runs_lock_is_reported_and_taken_over(tmp_path, capsys):
 
 
 MEASURE = """
-import resource, sys
-sys.path.insert(0, {root!r})
-import data
+import resource
+from cegppo_utils import data
 data.task_names()  # imports what load_rows imports, before the baseline
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 try:
@@ -446,11 +448,12 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024, "Mi
 """
 
 
+@pytest.mark.slow
 def test_a_50_mb_line_is_refused_with_bounded_memory_and_a_fifo_without_blocking(tmp_path):
     """Rows are read one at a time, each at most data.MAX_ROW_CHARS: a 50 MB line costs tens of MiB, not the line
     times Python's overhead. A FIFO (which blocked train.py and evaluate.py in open() or read()) is refused at once."""
     path = write(tmp_path / "line.jsonl", '{"problem": "' + "x" * 50_000_000 + '", "answer": 1}\n')
-    done = subprocess.run([sys.executable, "-c", MEASURE.format(root=ROOT, path=path)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", MEASURE.format(path=path)], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     message, grew = done.stdout.strip().splitlines()
     assert "line.jsonl: line 1 is longer than 8 MiB" in message
@@ -464,8 +467,8 @@ def test_a_50_mb_line_is_refused_with_bounded_memory_and_a_fifo_without_blocking
 def test_the_held_out_budget_is_capped_to_the_samplers_context():
     """--preset r1-distill-1.5b --eval-data aime24 would ask 32,768 tokens of a sampler holding 4,096 + 16,384: eval_acc
     samples at most --max-response-len, said once at start."""
-    import flags
     import train
+    from cegppo_utils import flags
     args = flags.parse_args(["--preset", "r1-distill-1.5b", "--eval-data", "aime24", "--eval-every", "50"], "")
     said = []
     settings = train.eval_settings(args, said.append)

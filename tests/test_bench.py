@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-import bench
+from tools import bench
 
 
 def fake_records(seconds):
@@ -57,6 +57,7 @@ def test_step_flags_are_checked(monkeypatch, capsys, flags, message):
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ours_steps_times_a_real_run(tiny_model_path, tmp_path):
     # 2 steps of train.py at a toy shape: one measured step, whose wall time covers train.py's own phase times
     records = bench.ours_steps("hf", str(tmp_path), steps=2, prompts=2, n=2, max_tokens=8, micro_batch=4, lr=1e-4)
@@ -71,6 +72,7 @@ def test_update_memory_says_why_it_did_not_run_without_a_gpu(monkeypatch):
     assert "needs a CUDA GPU" in bench.bench_update_memory()["skipped"]
 
 
+@pytest.mark.slow
 def test_logprob_probe_on_cpu_reports_peaks_and_times():
     # the probe's bookkeeping at a toy shape: the fused path holds less than the full-logits one
     # fresh processes (in this one, freed heap would hide the peaks), at a vocabulary where the logits dominate

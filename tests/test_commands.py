@@ -6,14 +6,13 @@ import os
 import re
 
 import pytest
-
-import data
-import evaluate
-import flags
-import train
 from conftest import ROOT
 
-SCRIPTS = {"train.py": "train.py", "evaluate.py": "evaluate.py", "mechanism.py": "tools/mechanism.py"}
+import evaluate
+import train
+from cegppo_utils import data, flags
+
+SCRIPTS = {"train": "train.py", "evaluate": "evaluate.py", "mechanism": "tools/mechanism.py"}
 
 
 def documented_commands():
@@ -24,10 +23,10 @@ def documented_commands():
         text = text.replace("\\\\\n", " ").replace("\\\n", " ")
         for line in text.splitlines():
             line = line.split("  #")[0].strip()
-            for match in re.finditer(r"(?:tools/)?\b(train|evaluate|mechanism)\.py([^`|(#;]*)", line):
+            for match in re.finditer(r"(?<![\w/])(train\.py|evaluate\.py|-m tools\.mechanism)([^`|(#;]*)", line):
                 args = match.group(2).split()
                 if "$" not in line and "--help" not in args and args and args[0].startswith("--"):
-                    found.append((match.group(1) + ".py", tuple(args)))
+                    found.append((match.group(1).removesuffix(".py").removeprefix("-m tools."), tuple(args)))
     return sorted(set(found))
 
 
@@ -47,9 +46,9 @@ def test_documented_command_parses(script, argv, tmp_path, monkeypatch):
             if path.endswith(data.FILE_TYPES):
                 os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
                 open(path, "w").close()
-    if script == "train.py":
+    if script == "train":
         flags.parse_args(list(argv), train.__doc__)
-    elif script == "evaluate.py":
+    elif script == "evaluate":
         evaluate.parse_args(list(argv))
     else:
         own = {"--preset", "--start", "--batches", "--midrun-steps", "--probe-prompts", "--fresh-prompts", "--configs",

@@ -4,10 +4,10 @@ rollout correction. Every test skips without a CUDA device (CI has none)."""
 
 import pytest
 import torch
-
-import logprobs as LP
 from test_logprobs import assert_same_run, padded_batch, run_model, tiny_qwen2
 from test_train import read_metrics, run_train
+
+from cegppo_utils import logprobs as LP
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")

@@ -7,7 +7,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import ROOT, vllm_or_skip
 
 # One update on a fixed batch, run by a worker that is either a plain process or a torchrun rank. 6 groups of 4,
@@ -17,8 +16,8 @@ from conftest import ROOT, vllm_or_skip
 WORKER = r'''
 import json, random, sys
 import torch
-sys.path.insert(0, {root!r})
-import distributed as D, flags, train
+import train
+from cegppo_utils import distributed as D, flags
 from transformers import AutoModelForCausalLM
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -28,7 +27,7 @@ real = train.response_logprobs
 def shifted(policy, mb, grad=False, truncation=False, model=None):  # the reference's too: a KL gradient from step 1
     logp, entropy, kept = real(policy, mb, grad=grad, truncation=truncation, model=model)
     # a shift by token and place in its response, not by place in the micro-batch: padded and packed layouts agree
-    shift = 0.3 * torch.sin(mb["response_ids"].float() + torch.arange(logp.shape[1]))
+    shift = 0.3 * torch.sin(mb.response_ids.float() + torch.arange(logp.shape[1]))
     return (logp + shift if not grad else logp), entropy, kept
 train.response_logprobs = shifted
 results = {{}}
@@ -76,7 +75,7 @@ def enough_devices(nproc):
 def torchrun(nproc, *argv, timeout=600):
     enough_devices(nproc)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *argv]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}  # the worker scripts import the root's
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
     return out
@@ -87,7 +86,7 @@ def run_worker(tmp_path, model, world):
     script = tmp_path / f"worker-{world}.py"
     script.write_text(WORKER.format(root=ROOT, model=model, algos=ALGOS, out=str(out)))
     if world == 1:
-        done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        done = subprocess.run([sys.executable, str(script)], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-4000:]
     else:
         torchrun(world, str(script))
@@ -97,6 +96,7 @@ def run_worker(tmp_path, model, world):
 ALGOS = ("ce_gppo", "grpo", "grpo+kl")  # token-mean and seq-mean-token-mean; the KL penalty's reference model sharded too
 
 
+@pytest.mark.slow
 def test_two_ranks_update_like_one_process(tmp_path, tiny_model_path):
     """Padded or packed (--micro-batch-tokens) micro-batches, on two ranks or one: each update is one process's
     padded update."""
@@ -122,6 +122,7 @@ def test_two_ranks_update_like_one_process(tmp_path, tiny_model_path):
     assert any(not torch.equal(ones["grpo+kl/0"]["params"][k], ones["grpo/0"]["params"][k]) for k in start)
 
 
+@pytest.mark.slow
 def test_two_rank_run_logs_once_and_resumes_on_one_rank(tmp_path, tiny_model_path):
     """2 ranks, each sampling with its own engine (vLLM where it imports), then --resume of that run by a single
     process: DCP reshards the checkpoint to the new world size."""
@@ -130,19 +131,20 @@ def test_two_rank_run_logs_once_and_resumes_on_one_rank(tmp_path, tiny_model_pat
     if os.environ.get("REQUIRE_VLLM") == "1":
         vllm_or_skip()
     flags = ["--preset", "tiny", "--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "4",
-             "--group-size", "4", "--micro-batch-size", "8", "--eval-every", "2", "--save-every", "1",
+             "--group-size", "4", "--micro-batch-size", "8", "--eval-every", "2", "--no-eval-before-train", "--save-every", "1",
              "--output-dir", str(tmp_path)]
     out = torchrun(2, "train.py", *flags, "--max-steps", "2", "--sampler", sampler)
-    assert f"ranks: 2" in out.stdout
+    assert "ranks: 2" in out.stdout
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [1, 2]  # written once, by rank 0
     assert "eval_acc" in rows[1] and 0 <= rows[1]["eval_acc"] <= 1
     assert sorted(f for f in os.listdir(tmp_path / "checkpoints" / "step_000002") if f.endswith(".distcp")) == \
         ["__0_0.distcp", "__1_0.distcp"]  # each rank wrote its shards
     # the sharded checkpoint loads whole into one process, equal to the gathered HF-format policy of the same step
-    import runfolder
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
+
+    from cegppo_utils import runfolder
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters())
     state = runfolder.load_checkpoint(str(tmp_path / "checkpoints" / "step_000002"), model, optimizer)
@@ -168,8 +170,8 @@ def test_two_rank_run_logs_once_and_resumes_on_one_rank(tmp_path, tiny_model_pat
 SAMPLER_WORKER = r'''
 import json, sys
 import torch
-sys.path.insert(0, {root!r})
-import distributed as D, rollout, tiny, train
+import rollout, train
+from cegppo_utils import distributed as D, tiny
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 rank, world, device = D.init()
@@ -194,6 +196,7 @@ D.end_process()
 '''
 
 
+@pytest.mark.slow
 def test_each_rank_engine_samples_from_the_sharded_policy_after_sync(tmp_path, tiny_model_path):
     """Per-rank vLLM engines get the FSDP-sharded weights, gathered one parameter at a time: after a weight change
     and a sync, each rank's vLLM greedy output equals HF greedy output of the sharded model itself."""
@@ -208,6 +211,7 @@ def test_each_rank_engine_samples_from_the_sharded_policy_after_sync(tmp_path, t
         assert result["synced"] == result["want"]
 
 
+@pytest.mark.slow
 def test_more_ranks_than_held_out_problems(tmp_path, tiny_model_path):
     """2 ranks evaluating a 1-problem file before training: rank 1's share is empty; it samples nothing, adds (0, 0)
     to the reduction and keeps FSDP's collectives in step (HF generate on the sharded model decodes a stand-in), so

@@ -7,10 +7,10 @@ import subprocess
 import sys
 
 import pytest
-
-import data
-import evaluate as E
 from conftest import ROOT
+
+import evaluate as E
+from cegppo_utils import data
 
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "benchmarks")
 needs_shared = pytest.mark.skipif(not os.path.isdir(SHARED), reason="../shared/benchmarks is absent")
@@ -61,6 +61,7 @@ def test_last_boxed():
     assert E.last_boxed("\\boxed{\\frac{1}{2}") is None  # unbalanced
 
 
+@pytest.mark.slow
 @needs_shared
 @pytest.mark.parametrize("name, count", [("aime24", 30), ("aime25", 30), ("hmmt25", 30), ("math500", 500), ("amc23", 40)])
 def test_loaders_read_the_shared_benchmark_files(name, count):
@@ -83,6 +84,7 @@ def test_loader_errors_name_the_problem(tmp_path):
         data.load_benchmark("math500", data_dir=str(tmp_path))
 
 
+@pytest.mark.slow
 def test_end_to_end_on_the_tiny_model(tmp_path, tiny_model_path):
     out = tmp_path / "results.json"
     run = subprocess.run([sys.executable, "evaluate.py", "--model", "tiny", "--benchmarks", "arith", "--k", "4",
@@ -121,6 +123,7 @@ def long_prompt_file(tmp_path):
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler", ["hf", "vllm"])
 def test_a_file_benchmark_with_a_prompt_too_long_for_the_model(tmp_path, tiny_model_path, sampler):
     if sampler == "vllm":
@@ -141,6 +144,7 @@ def test_a_file_benchmark_with_a_prompt_too_long_for_the_model(tmp_path, tiny_mo
     assert "k=2, 1 problems, --limit 3, 1 skipped" in done.stdout  # our rows say what they are
 
 
+@pytest.mark.slow
 def test_finished_benchmarks_survive_a_later_failure(tmp_path, monkeypatch, tiny_model_path):
     real, calls = E.evaluate, []
 

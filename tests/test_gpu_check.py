@@ -8,14 +8,15 @@ import sys
 
 import pytest
 import torch
-
 from conftest import ROOT
+
 from tools import gpu_check
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only behaviour; on a GPU run the check itself")
 def test_on_a_cpu_every_part_says_why_it_skipped(tmp_path):
-    out = subprocess.run([sys.executable, "tools/gpu_check.py", "--output", str(tmp_path / "rows.json")], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "tools.gpu_check", "--output", str(tmp_path / "rows.json")], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
@@ -26,8 +27,9 @@ def test_on_a_cpu_every_part_says_why_it_skipped(tmp_path):
     assert out.stdout.count("skipped: no CUDA device") == len(rows)  # one table row each
 
 
+@pytest.mark.slow
 def test_bad_part_is_one_line_and_exit_2():
-    out = subprocess.run([sys.executable, "tools/gpu_check.py", "--only", "cuda tests,warp drive"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "tools.gpu_check", "--only", "cuda tests,warp drive"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip() == (
         f"gpu_check.py: error: --only: unknown part(s) ['warp drive']; choose from {list(gpu_check.PARTS)}")

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 import torch
-
-import logprobs as LP
 from conftest import ROOT
+
+from cegppo_utils import logprobs as LP
 
 
 def naive_logprobs_and_entropy(logits, targets, temperature):
@@ -127,9 +127,10 @@ def test_chunked_logprobs_without_entropy_and_under_no_grad():
         LP.token_logprobs_and_entropy(logits, targets[:, :3])
 
 
+@pytest.mark.slow
 def test_chunked_logprobs_peak_memory_stays_bounded():
     """At vocabulary 151,936 the forward's extra memory is ~one fp32 chunk, not [T, vocab] in fp32."""
-    import bench
+    from tools import bench
     chunk_elements = 2**22
     naive = bench.logprob_peak("naive", tokens=512, chunk_elements=chunk_elements, repeats=0)
     ours = bench.logprob_peak("chunked", tokens=512, chunk_elements=chunk_elements, repeats=0)
@@ -410,6 +411,7 @@ def truncation_rows():
     return torch.stack(rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top_p, top_k", [(1.0, 0), (1.0, 1), (1.0, 3), (1.0, 13), (0.5, 0), (0.75, 0), (0.9, 0),
                                           (0.3, 4), (0.8, 2), (0.95, 5), (1e-6, 0)])
 def test_truncation_matches_brute_force_and_vllm(top_p, top_k):
@@ -481,10 +483,8 @@ FSDP_WORKER = r'''
 import copy, os, sys
 import torch
 import torch.distributed as dist
-sys.path.insert(0, {root!r})
-sys.path.insert(0, os.path.join({root!r}, "tests"))
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-import logprobs as LP
+from cegppo_utils import logprobs as LP
 from test_logprobs import tiny_qwen2, padded_batch
 
 dist.init_process_group("gloo")
@@ -535,28 +535,31 @@ for tied, use, bf16 in ((False, "both", False), (True, "both", False), (False, "
         assert torch.allclose(full, grads[name].grad, rtol=1e-4, atol=1e-5), (tied, use, name, diff)
 if rank == 0:
     print("FSDP-OK", worst)
-import distributed
+from cegppo_utils import distributed
 distributed.end_process()  # barrier, destroy, exit without finalizing: see there why
 '''
 
 
+@pytest.mark.slow
 def test_fsdp2_two_ranks_fused_matches_one_process_reference(tmp_path):
     script = tmp_path / "fsdp_worker.py"
-    script.write_text(FSDP_WORKER.format(root=ROOT))
+    script.write_text(FSDP_WORKER)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+                         env={**os.environ, "OMP_NUM_THREADS": "1",
+                              "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])})
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
     assert "FSDP-OK" in out.stdout
 
 
 # --- 7. the memory claim ----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_fused_peak_memory_is_about_one_tile():
     """hidden 128, vocab 151,936, 512 tokens, bf16: the logits would be 156 MB, and any full-logits path holds them and
     their gradient; the fused path's extra memory, forward and backward, beyond the gradients it returns (grad_hidden,
     grad_weight), is about one 8 MiB fp32 tile (the tile and its exp, plus small [*, hidden] operands)."""
-    import bench
+    from tools import bench
     chunk_elements = 2**21
     ours = bench.logprob_peak("fused", tokens=512, hidden=128, chunk_elements=chunk_elements, repeats=0)
     tile_bytes, logits_bytes = chunk_elements * 4, ours["logits_bytes"]

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-import plot
+from cegppo_utils import plot
 
 
 def fake_run(path, rewards, entropies, eval_acc):
@@ -19,6 +19,7 @@ def fake_run(path, rewards, entropies, eval_acc):
     return str(path)
 
 
+@pytest.mark.slow
 def test_summary_and_figures(tmp_path):
     a = fake_run(tmp_path / "a-s0", [0.0] * 10 + [1.0] * 10, [0.5] * 20, 0.6)
     b = fake_run(tmp_path / "a-s1", [0.2] * 10 + [0.6] * 10, [0.3] * 20, 0.8)
@@ -40,24 +41,26 @@ def test_missing_run_is_named(tmp_path):
         plot.read_metrics(str(tmp_path / "nowhere"))
 
 
+@pytest.mark.slow
 def test_plot_py_on_any_run_folder_writes_beside_it(tmp_path):
-    """`python plot.py RUN`: output in RUN/plots (never docs/), titles from the run, no nan for a missing metric."""
+    """`python -m cegppo_utils.plot RUN`: output in RUN/plots (never docs/), titles from the run, no nan for a missing metric."""
     import subprocess
     import sys
+
     from conftest import ROOT
     run = fake_run(tmp_path / "my-run", [0.1] * 12, [0.4] * 12, 0.5)
     rows = [json.loads(line) for line in (tmp_path / "my-run" / "metrics.jsonl").read_text().splitlines()]
     for r in rows:
         r.pop("eval_acc", None)  # a run without held-out evaluation
     (tmp_path / "my-run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    done = subprocess.run([sys.executable, "plot.py", run], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "cegppo_utils.plot", run], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "my-run" / "plots" / "curves.png").stat().st_size > 10_000
     table = (tmp_path / "my-run" / "plots" / "summary.md").read_text()
     assert "| my-run | 1 | n/a |" in table and "nan" not in table
     panels = [k for k, _ in plot.available_panels({"my-run": [plot.read_metrics(run)]})]
     assert "eval_acc" not in panels and "approx_kl" not in panels and panels[:2] == ["entropy", "reward_mean"]
-    bad = subprocess.run([sys.executable, "plot.py", str(tmp_path / "nothing")], cwd=ROOT, capture_output=True, text=True)
+    bad = subprocess.run([sys.executable, "-m", "cegppo_utils.plot", str(tmp_path / "nothing")], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "nothing/metrics.jsonl not found" in bad.stderr and "Traceback" not in bad.stderr
 
 

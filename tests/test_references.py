@@ -216,6 +216,7 @@ def test_equals_trl_numbers(name):
 HAVE_TRL = importlib.util.find_spec("trl") is not None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE_TRL, reason="TRL is not installed (pip install -r requirements-bench.txt); "
                                          "test_equals_trl_numbers checks the same cases against TRL 1.16.0's numbers")
 def test_equals_trl_itself():

@@ -12,11 +12,11 @@ import threading
 
 import pytest
 import torch
-
-import flags
-import runfolder as RF
 from conftest import ROOT, parse_train_args
 from test_bad_input import fake_checkpoint, run_evaluate_in_process, run_train_in_process, write
+
+from cegppo_utils import flags
+from cegppo_utils import runfolder as RF
 
 
 def refused(call, *text):
@@ -212,12 +212,13 @@ def test_export_and_evaluate_refuse_shards_their_config_does_not_describe(tmp_pa
     assert f"remove {partial}/hf to export it again" in err
 
 
+@pytest.mark.slow
 def test_runfolder_export_prints_its_error(tmp_path, tiny_checkpoint):
     """As a program: one line naming runfolder.py and the cause, exit code 2 (its UserError is a SystemExit whose
     message Python itself would not print)."""
     shard = copy_checkpoint(tiny_checkpoint, tmp_path / "no-shard")
     os.remove(os.path.join(shard, "__0_0.distcp"))
-    done = subprocess.run([sys.executable, "runfolder.py", "export", shard, str(tmp_path / "out")], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "cegppo_utils.runfolder", "export", shard, str(tmp_path / "out")], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1] == \

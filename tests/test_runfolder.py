@@ -5,15 +5,16 @@ a full disk."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
 import pytest
 import torch
-
-import runfolder
-from conftest import ROOT, parse_train_args, train_update
+from conftest import ROOT, parse_train_args
 from test_train import SMALL, final_state, read_metrics
+
+from cegppo_utils import runfolder
 
 FAST = SMALL + ["--sampler", "hf", "--max-steps", "3", "--save-every", "2"]  # checkpoints at steps 2 and 3
 
@@ -22,9 +23,15 @@ def train(output_dir, *extra, crash_at=None, interrupt_at=None, expect=0):
     env = {**os.environ, **({"TRAIN_CRASH_AT": crash_at} if crash_at else {}),
            **({"TRAIN_INTERRUPT_AT": interrupt_at} if interrupt_at else {})}
     done = subprocess.run([sys.executable, "train.py", *FAST, "--output-dir", str(output_dir), *extra], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, env=env)
+                          capture_output=True, text=True, timeout=600, env=env, preexec_fn=default_sigint)
     assert done.returncode == expect, (done.returncode, done.stderr[-3000:])
     return done
+
+
+def default_sigint():
+    """Ctrl-C's default action in the child: a shell that starts the suite in the background leaves SIGINT ignored, and
+    Python then raises no KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def same_parameters(a, b):
@@ -40,6 +47,7 @@ def finished_run(tmp_path_factory, tiny_model_path):
     return path
 
 
+@pytest.mark.slow
 def test_killed_runs_resume_to_the_parameters_of_an_uninterrupted_run(tmp_path, finished_run):
     want, want_rows = final_state(finished_run), read_metrics(finished_run)
     assert [r["step"] for r in want_rows] == [1, 2, 3]
@@ -64,6 +72,7 @@ def test_killed_runs_resume_to_the_parameters_of_an_uninterrupted_run(tmp_path, 
             assert len(discarded) == 2 and json.loads(discarded[0])["step"] == 1 and discarded[-1] == '{"step": 3, "reward_me'
 
 
+@pytest.mark.slow
 def test_nan_weights_stop_the_run_before_anything_is_saved(tmp_path, monkeypatch, tiny_model_path):
     """A weight that turns non-finite in an optimizer step (the loss and gradient norm of that step were finite) stops
     the run before any checkpoint or final/ is written. The issue's command (--lr inf) is now refused at start."""
@@ -91,6 +100,7 @@ def test_nan_weights_stop_the_run_before_anything_is_saved(tmp_path, monkeypatch
     assert not os.path.exists(tmp_path / "nan" / "metrics.jsonl")  # the step that broke them is not logged either
 
 
+@pytest.mark.slow
 def test_another_runs_checkpoints_are_never_used(tmp_path, finished_run):
     tmp_path = tmp_path / "run"
     shutil.copytree(finished_run, tmp_path)
@@ -133,7 +143,7 @@ def test_a_full_disk_removes_the_partial_checkpoint_and_keeps_the_last_good_one(
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_000001"]
 
 
-# --- issue 23: a real full disk, the output-folder lock, planted pickles, model folders with parts missing ---------
+# --- a real full disk, the output-folder lock, planted pickles, model folders with parts missing ---------
 
 class Tokenizer:
     """What save_checkpoint needs of a tokenizer."""
@@ -207,18 +217,18 @@ def test_ctrl_c_during_a_checkpoint_write_leaves_no_partial_folder(tmp_path, mon
 
 
 HOLD = """
-import sys, time
-sys.path.insert(0, {root!r})
-import runfolder
+import time
+from cegppo_utils import runfolder
 lock = runfolder.lock_output_dir({folder!r})
 print("locked", flush=True)
 time.sleep(120)
 """
 
 
+@pytest.mark.slow
 def test_one_run_per_output_folder_and_a_dead_runs_lock_is_reported(tmp_path):
     folder = str(tmp_path / "run")
-    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(root=ROOT, folder=folder)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(folder=folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(SystemExit, match=rf"--output-dir {folder} is in use by another run \(pid {holder.pid} on .*, "
@@ -341,9 +351,8 @@ def test_a_planted_object_in_a_checkpoint_shard_is_refused_without_running(tmp_p
     """DCP stores non-tensor entries (the optimizer's lr, betas, ...) as pickles inside the .distcp shards and its
     default planner loads them with weights_only=False; load_checkpoint reads them with weights_only=True."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
     from test_bad_input import Planted
+    from torch.distributed.checkpoint.state_dict import get_state_dict
     model, optimizer = small_model()
     folder = runfolder.save_checkpoint(str(tmp_path), 1, 2, model, Tokenizer(), optimizer, {"flags": {}})
     runfolder.load_checkpoint(folder, model, optimizer)  # the honest one loads
@@ -357,6 +366,7 @@ def test_a_planted_object_in_a_checkpoint_shard_is_refused_without_running(tmp_p
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_in_one_line_and_resume_is_exact(tmp_path, finished_run):
     """SIGINT while step 3 samples (after the checkpoint of step 2): one line naming that checkpoint, exit 1, no
     traceback; --resume then ends where the uninterrupted run did."""
@@ -371,6 +381,7 @@ def test_ctrl_c_ends_in_one_line_and_resume_is_exact(tmp_path, finished_run):
     same_parameters(final_state(finished_run), final_state(out))
 
 
+@pytest.mark.slow
 def test_sigterm_ends_like_ctrl_c_and_resume_goes_on(tmp_path):
     """SIGTERM (kill, a scheduler's preemption) while step 3 samples: one line naming the checkpoint kept, exit 1 (it
     was exit 143 and nothing said), the lock released; --resume then finishes the run."""
@@ -386,11 +397,12 @@ def test_sigterm_ends_like_ctrl_c_and_resume_goes_on(tmp_path):
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_busy_folder_is_refused_at_once(tmp_path):
     """Two train.py on one folder: the second is refused while the first holds the lock (here: a helper process
     holding it, so the test does not depend on timing)."""
     folder = str(tmp_path / "run")
-    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(root=ROOT, folder=folder)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(folder=folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
         second = train(folder, expect=2)

@@ -2,26 +2,25 @@
 and the table's paired intervals on hand-made runs."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-
-import stats
-import study
 from conftest import ROOT
 
+from tools import stats, study
 
+
+@pytest.mark.slow
 def test_a_two_step_study_runs_resumes_and_reports(tmp_path, tiny_model_path):
-    cmd = [sys.executable, "tools/study.py", "--preset", "tiny", "--steps", "2", "--seeds", "0", "--configs", "grpo,ppo_clip",
+    cmd = [sys.executable, "-m", "tools.study", "--preset", "tiny", "--steps", "2", "--seeds", "0", "--configs", "grpo,ppo_clip",
            "--root", str(tmp_path / "runs"), "--json", str(tmp_path / "study.json"), "--figures", str(tmp_path / "fig"),
-           "--eval-every", "2", "--gen-prompts", "8", "--n", "4", "--mini-batch-prompts", "4", "--micro-batch-size", "8",
+           "--eval-every", "2", "--no-eval-before-train", "--gen-prompts", "8", "--n", "4", "--mini-batch-prompts", "4", "--micro-batch-size", "8",
            "--log-samples-every", "0", "--sampler", "hf"]  # HF generate: the study's bookkeeping, not the engine, is tested
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads((tmp_path / "study.json").read_text())
-    import models
+    from cegppo_utils import models
     assert sorted(study.configurations(data)) == ["grpo", "ppo_clip"] and list(data["grpo"]) == ["0"]
     assert data[study.WARM_START] == {"sha256": models.weights_hash(tiny_model_path)}  # what every run started from
     run = data["grpo"]["0"]
@@ -41,7 +40,7 @@ def test_a_two_step_study_runs_resumes_and_reports(tmp_path, tiny_model_path):
     table = (tmp_path / "fig" / "table1.md").read_text()
     assert "| grpo |" not in table and "Not finished (left out above): grpo seed 0 (2 steps), ppo_clip seed 0 (2 steps)." in table
     assert "fewer than 2 seeds" in (tmp_path / "fig" / "verdicts.md").read_text()
-    bad = subprocess.run(cmd[:2] + ["--configs", "grpo,nope"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(cmd[:3] + ["--configs", "grpo,nope"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown config(s) ['nope']" in bad.stderr
     missing = subprocess.run(cmd + ["--plot-only", "--mechanism", str(tmp_path / "none.json")], cwd=ROOT, capture_output=True,
                              text=True, timeout=120)
@@ -54,7 +53,7 @@ def test_table1_pairs_by_seed():
                          "entropy_last10": 0.4} for s, a in enumerate(finals)}
     table = study.table1({"grpo": runs([0.30, 0.40, 0.50]), "ce": runs([0.35, 0.46, 0.54])})
     mean, (lo, hi) = stats.mean_ci([0.05, 0.06, 0.04])
-    assert f"| ce | 3 | 10 | 20.0 [20.0, 20.0] | 45.0 [" in table
+    assert "| ce | 3 | 10 | 20.0 [20.0, 20.0] | 45.0 [" in table
     assert f"{100 * mean:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]" in table  # the paired difference, not the unpaired one
     assert "| grpo | 3 | 10 |" in table and table.count("| - |") == 1
 
@@ -254,6 +253,7 @@ def test_bad_input_is_one_line_and_exit_2_before_any_run(argv, message, tmp_path
 
 # --- what the study could detect ------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_detectability_pools_the_paired_sd_and_carries_the_papers_gains(tmp_path):
     def runs(finals):
         steps = [{"step": s, **{k: 0.001 for k in study.REGIONS}} for s in range(1, 21)]
@@ -286,8 +286,8 @@ def test_verdicts_mark_the_rules_the_protocol_did_not_state():
 def test_a_warm_start_with_another_hash_stops_the_study(tmp_path, tiny_model_path):
     """The study's JSON records the weights its runs started from; a cached warm start with another hash (rebuilt
     on a machine with another instruction set, say) stops the study in one line before any run."""
-    import models
-    import study
+    from cegppo_utils import models
+    from tools import study
     have = models.weights_hash(tiny_model_path)
     assert study.check_warm_start({}, tiny_model_path, "s.json") == have  # a new study: recorded at collect
     assert study.check_warm_start({study.WARM_START: {"sha256": have}}, tiny_model_path, "s.json") == have

@@ -5,9 +5,8 @@ import re
 import pytest
 import torch
 
-import data
 import reward
-import tiny
+from cegppo_utils import data, tiny
 
 
 def test_sums_splits_are_deterministic_and_disjoint():
@@ -105,10 +104,11 @@ def test_each_task_is_a_training_source_and_a_benchmark(task):
     assert data.benchmark_defaults(task)["max_tokens"] == tiny.TASKS[task].max_response_len
 
 
+@pytest.mark.slow
 def test_a_warm_start_rebuilt_has_the_same_weights(tmp_path):
     """The merge warm start (a small step count) built twice from scratch on one machine: the same weights, by the
     hash train.py records in config.json (models.weights_hash) and study.py checks."""
-    import models
+    from cegppo_utils import models
     cfg = tiny.MergeConfig(sft_steps=6)
     first = tiny.ensure_merge_model(cache_dir=str(tmp_path / "a"), cfg=cfg, log=lambda *a: None)
     second = tiny.ensure_merge_model(cache_dir=str(tmp_path / "b"), cfg=cfg, log=lambda *a: None)

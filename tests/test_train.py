@@ -8,11 +8,10 @@ import sys
 
 import pytest
 import torch
-
-import data
-import runfolder
-import train
 from conftest import ROOT, parse_train_args, train_update
+
+import train
+from cegppo_utils import data, runfolder
 
 # A few-second step: 8 prompts x 4 responses, two optimizer steps per rollout batch.
 SMALL = ["--preset", "tiny", "--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "4", "--n", "4",
@@ -30,6 +29,14 @@ def run_train(output_dir, *extra):
     return out
 
 
+def few_problems(folder, count=4):
+    """A held-out file of `count` arith-like problems: evaluations that test bookkeeping, not the benchmark's size."""
+    path = folder / f"few-{count}.jsonl"
+    path.write_text("".join(json.dumps({"problem": f"Compute {a} + {a + 1}.", "answer": str(2 * a + 1)}) + "\n"
+                            for a in range(1, count + 1)))
+    return path
+
+
 def read_metrics(output_dir):
     with open(os.path.join(output_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
@@ -40,6 +47,7 @@ def final_state(output_dir):
     return load_file(os.path.join(output_dir, "final", "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_end_to_end_and_exact_resume(tmp_path, tiny_model_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     out = run_train(straight, "--max-steps", "4", "--save-every", "2", "--log-samples-every", "2")
@@ -48,7 +56,7 @@ def test_end_to_end_and_exact_resume(tmp_path, tiny_model_path):
     config = json.loads((straight / "config.json").read_text())
     assert config["preset"] == "tiny" and config["flags"]["algo"] == "ce_gppo" and config["flags"]["max_steps"] == 4
     assert config["versions"]["torch"] == torch.__version__ and "git_commit" in config
-    import models
+    from cegppo_utils import models
     assert config["model_sha256"] == models.weights_hash(tiny_model_path)  # which warm start the run started from
     samples = [json.loads(line) for line in (straight / "samples.jsonl").read_text().splitlines()]
     assert sorted({s["step"] for s in samples}) == [2, 4] and len(samples) == 2 * 2 * 4  # 2 prompts x n=4, twice
@@ -83,6 +91,7 @@ def test_end_to_end_and_exact_resume(tmp_path, tiny_model_path):
         assert a["reward_mean"] == b["reward_mean"] and a["entropy"] == pytest.approx(b["entropy"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_kl_penalty_and_adaptive_entropy_run_and_resume_exactly(tmp_path, tiny_model_path):
     """--kl-coef (the frozen reference is reloaded from the starting model on resume, not from the checkpoint) and
     --adaptive-entropy (its coefficient and last entropy are loop state, checkpointed): a run killed after step 4
@@ -280,6 +289,7 @@ def test_update_skips_zero_advantage_sequences_and_keeps_the_step(tiny_model_pat
     """update_policy leaves zero-advantage sequences out of forward/backward but counts their tokens: with SGD the
     step equals the gradient of policy_loss over the whole mini-batch in one piece (token mean over all 12)."""
     import random
+
     from transformers import AutoModelForCausalLM
     args = parse_train_args(["--preset", "tiny", "--n", "4", "--gen-prompts", "3", "--train-prompts", "3",
                              "--mini-batch-prompts", "3", "--micro-batch-size", "2", "--grad-clip", "1e9"])
@@ -291,7 +301,7 @@ def test_update_skips_zero_advantage_sequences_and_keeps_the_step(tiny_model_pat
     real = train.response_logprobs
 
     def counting(policy, mb, *rest, **kw):
-        calls.append(int((mb["response_mask"].sum(-1) > 0).sum()))
+        calls.append(int((mb.response_mask.sum(-1) > 0).sum()))
         return real(policy, mb, *rest, **kw)
 
     def fresh():
@@ -310,7 +320,7 @@ def test_update_skips_zero_advantage_sequences_and_keeps_the_step(tiny_model_pat
     reference, sgd = fresh()
     mb = train.collate(seqs, 0, torch.device("cpu"))
     logp, _, _ = real(train.make_policy(args, reference, sgd, 0, torch.device("cpu")), mb, grad=True)
-    loss, _ = train.L.policy_loss(logp, logp.detach(), mb["advantages"], mb["response_mask"], train.L.loss_config("ce_gppo", clip_ratio_c=10.0))
+    loss, _ = train.L.policy_loss(logp, logp.detach(), mb.advantages, mb.response_mask, train.L.loss_config("ce_gppo", clip_ratio_c=10.0))
     loss.backward()
     sgd.step()
     start = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).state_dict()
@@ -331,10 +341,17 @@ def fixed_groups(seed=0, groups=4, n=4):
             for _ in range(groups * n)]
 
 
+# Their token loss picks tokens among those of one policy_loss call (Cov's means, the draw, the top-k), as verl's: split
+# into micro-batches, the picks change, so the micro-batch losses do not add up to the one-piece mini-batch loss.
+PICK_WITHIN_A_CALL = ("clip_cov", "kl_cov")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(train.L.ALGORITHMS) + ["ce_gppo+entropy", "ce_gppo+lm", "grpo+kl", "dapo+top_entropy"])
 def test_every_loss_through_update_policy_matches_a_one_piece_computation(variant, tiny_model_path):
-    """Two mini-batches split into micro-batches of 2 (update_policy) give, with SGD, the parameters of one
-    policy_loss call per mini-batch on the whole of it, old log-probs from the weights that sampled. A loss that
+    """Two mini-batches, each with a group whose rewards are all equal (A = 0), split into micro-batches of 2
+    (update_policy) give, with SGD, the parameters of one policy_loss call per mini-batch on the whole of it, old
+    log-probs from the weights that sampled: a response train.py leaves out as A = 0 must get no gradient. A loss that
     picks tokens within each call (Clip-Cov, KL-Cov, the top-entropy mask) is compared call by call instead.
     float64: at lr 0.5 the first step moves the policy far from the reference, and the k3 term's e^x then gives the
     second mini-batch a gradient norm of ~5e8, where float32's rounding alone differs by tens."""
@@ -342,10 +359,14 @@ def test_every_loss_through_update_policy_matches_a_one_piece_computation(varian
     algo, _, extra = variant.partition("+")
     flags = {"entropy": ["--entropy-coef", "0.01"], "lm": ["--positive-lm-coef", "0.1"], "kl": ["--kl-coef", "0.5", "--kl-estimator", "k3"],
              "top_entropy": ["--top-entropy-quantile", "0.5"]}.get(extra, [])
-    args = parse_train_args(["--algo", algo, "--n", "4", "--gen-prompts", "4", "--train-prompts", "4",
+    args = parse_train_args(["--algo", algo, "--n", "3", "--gen-prompts", "4", "--train-prompts", "4",
                              "--mini-batch-prompts", "2", "--micro-batch-size", "2", "--grad-clip", "1e9", *flags])
-    seqs = fixed_groups()
-    mini_batches = [seqs[:8], seqs[8:]]
+    seqs = fixed_groups(n=3)
+    for i, s in enumerate(seqs[3:9]):  # groups 1 and 2: all correct, then all wrong; equal rewards give A = 0
+        s.update(advantage=0.0, correct=i < 3)
+    # Groups of 3 in micro-batches of 2: an A = 0 response shares a micro-batch with another group's, so leaving it
+    # out (an algorithm wrongly declared proportional_to_advantage) changes what a per-call loss sees.
+    mini_batches = [seqs[:6], seqs[6:]]
     cpu = torch.device("cpu")
 
     def fresh():
@@ -360,16 +381,18 @@ def test_every_loss_through_update_policy_matches_a_one_piece_computation(varian
 
     reference, sgd = fresh()
     start, _ = fresh()
-    per_call = not train.L.ALGORITHMS[algo].exact_over_micro_batches or args.loss.top_entropy_quantile < 1
+    per_call = algo in PICK_WITHIN_A_CALL or args.loss.top_entropy_quantile < 1
     torch.manual_seed(0)
     for mini in mini_batches:
         whole = train.collate(mini, 0, cpu)
-        totals = train.L.Totals(whole["response_mask"].sum(), len(mini), (whole["response_mask"].sum(-1) * whole["correct"]).sum())
+        lengths = whole.response_mask.sum(-1)
+        totals = train.L.Totals(lengths.sum(), len(mini), (lengths * whole.correct).sum())
         for mb in [train.collate(mini[j:j + 2], 0, cpu) for j in range(0, len(mini), 2)] if per_call else [whole]:
             old, _, _ = train.response_logprobs(train.make_policy(args, start, sgd, 0, cpu), mb)  # the sampling weights
             logp, entropy, _ = train.response_logprobs(train.make_policy(args, reference, sgd, 0, cpu), mb, grad=True)
-            loss, _ = train.L.policy_loss(logp, old, mb["advantages"], mb["response_mask"], args.loss, entropy=entropy,
-                                          correct=mb["correct"], ref_logp=old, totals=totals if per_call else train.L.Totals())
+            loss, _ = train.L.policy_loss(logp, old, mb.advantages, mb.response_mask, args.loss, entropy=entropy,
+                                          correct=mb.correct, ref_logp=old,
+                                          totals=totals if per_call else train.L.Totals())
             loss.backward()
         sgd.step()
         sgd.zero_grad()
@@ -385,11 +408,13 @@ PACKED_VARIANTS = {"grpo": [], "dapo+sum-norm": ["--loss-agg-mode", "seq-mean-to
                                                 "--rollout-correction", "token-tis", "--top-p", "0.9"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(PACKED_VARIANTS))
 def test_packed_micro_batches_update_like_padded_ones(variant, tiny_model_path):
     """--micro-batch-tokens: rows of at most 40 tokens (several sequences each, mixed lengths) give the metrics and,
     with SGD, the parameters of padded micro-batches of 2, for each way of aggregating and with the extra terms."""
     import random
+
     from transformers import AutoModelForCausalLM
     common = ["--algo", variant.split("+")[0], "--n", "4", "--gen-prompts", "4", "--train-prompts", "4", "--mini-batch-prompts",
               "2", "--micro-batch-size", "2", "--grad-clip", "1e9", "--max-prompt-len", "6", "--max-response-len", "12",
@@ -421,20 +446,24 @@ def test_micro_batch_tokens_must_hold_the_longest_sequence(capsys):
     assert e.value.code == 2 and "--micro-batch-tokens (100) must hold the longest sequence" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_eval_acc_is_what_evaluate_py_reports(tmp_path, tiny_model_path):
-    """train.py's eval_acc: the problems, k, sampling and scoring of `evaluate.py --benchmarks arith` (same seed)."""
-    run_train(tmp_path, "--max-steps", "1", "--eval-every", "1", "--sampler", "hf")
-    row = read_metrics(tmp_path)[0]
+    """train.py's eval_acc: the problems, k, sampling and scoring of `evaluate.py --benchmarks FILE` (same seed)."""
+    problems = few_problems(tmp_path, 8)
+    run_train(tmp_path / "run", "--max-steps", "1", "--eval-every", "1", "--no-eval-before-train", "--sampler", "hf",
+              "--eval-data", str(problems))
+    row = read_metrics(tmp_path / "run")[0]
     out = tmp_path / "eval.json"
-    done = subprocess.run([sys.executable, "evaluate.py", "--model", str(tmp_path / "final"), "--benchmarks", "arith",
-                           "--sampler", "hf", "--seed", str(row["eval_seed"]), "--output", str(out)],
+    done = subprocess.run([sys.executable, "evaluate.py", "--model", str(tmp_path / "run" / "final"), "--benchmarks",
+                           str(problems), "--sampler", "hf", "--seed", str(row["eval_seed"]), "--output", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(out.read_text())["benchmarks"]["arith"]
-    assert result["k"] == 8 and len(result["problems"]) == len(data.load_benchmark("arith"))
+    result = json.loads(out.read_text())["benchmarks"][str(problems)]
+    assert result["k"] == 8 and len(result["problems"]) == len(data.load_benchmark(str(problems)))
     assert row["eval_acc"] == pytest.approx(result["avg@k"], abs=1e-12)
 
 
+@pytest.mark.slow
 def test_rollout_correction_in_a_run_logs_the_mismatch(tmp_path, tiny_model_path):
     """--rollout-correction on a real run: the weights apply, and the metrics from the raw ratios are logged; the
     fp32 sampler and trainer agree, so the ratio is ~1 even under top-p (taken over the sampler's support)."""
@@ -493,11 +522,12 @@ def test_underscore_spellings_and_derived_train_prompts():
     assert parse_train_args(["--gen-prompts", "64"]).train_prompts == 32  # the preset's own count is the most
 
 
+@pytest.mark.slow
 def test_evaluation_from_step_0_and_checkpoints_evaluable_as_they_are(tmp_path, tiny_model_path):
     """--eval-before-train logs the starting weights' avg@k as step 0; every evaluation's generations land in eval/;
     a checkpoint folder is a --model for evaluate.py (exported once into its hf/ folder) and for runfolder.py export."""
     out = run_train(tmp_path / "run", "--max-steps", "2", "--save-every", "2", "--eval-every", "2", "--eval-before-train",
-                    "--eval-data", "arith", "--sampler", "hf")  # bookkeeping here; evaluation on vLLM in test_distributed
+                    "--eval-data", str(few_problems(tmp_path)), "--sampler", "hf")  # bookkeeping; vLLM: test_distributed
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [0, 1, 2] and set(rows[0]) == {"step", "eval_acc", "eval_seed", "time_eval_s"}
     assert "eval_acc" in rows[2] and "held-out avg@k: step 0" in out.stdout
@@ -527,6 +557,7 @@ STALE = {  # a weight sync made to fail on purpose: the vLLM engine ignores it; 
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler", sorted(STALE))
 def test_a_stale_sampler_stops_the_run_with_one_line(sampler, tmp_path, tiny_model_path):
     """Step 1 samples from the loaded weights (in sync); after its update the sampler keeps the old ones, and a later
@@ -535,7 +566,7 @@ def test_a_stale_sampler_stops_the_run_with_one_line(sampler, tmp_path, tiny_mod
     if sampler == "vllm":
         from conftest import vllm_or_skip
         vllm_or_skip()
-    code = (f"import copy, sys\nsys.path.insert(0, {ROOT!r})\nimport rollout\n{STALE[sampler]}\nimport train\n"
+    code = (f"import copy, sys\nimport rollout\n{STALE[sampler]}\nimport train\n"
             f"train.run(sys.argv[1:])")
     out = subprocess.run([sys.executable, "-c", code, *SMALL, "--sampler", sampler, "--max-steps", "3", "--save-every", "1",
                           "--log-samples-every", "0", "--output-dir", str(tmp_path)], cwd=ROOT, capture_output=True,
@@ -551,11 +582,13 @@ def test_a_stale_sampler_stops_the_run_with_one_line(sampler, tmp_path, tiny_mod
     assert sorted(os.listdir(tmp_path / "checkpoints"))[-1] == f"step_{stopped - 1:06d}"
 
 
+@pytest.mark.slow
 def test_the_quick_command_tells_the_objectives_apart(tiny_model_path):
     """README's quick run (`--gen-prompts 8`) keeps the preset's optimizer steps per rollout batch: mini-batches of 1
     prompt, so after the first the update is off-policy and GRPO, GSPO, SAPO and CE-GPPO move the weights differently
     (with one on-policy mini-batch they share a gradient, and their runs were bit-identical)."""
     import random
+
     from transformers import AutoModelForCausalLM
     quick = parse_train_args(["--gen-prompts", "8"])
     assert (quick.gen_prompts, quick.train_prompts, quick.mini_batch_prompts, quick.micro_batch_size) == (8, 8, 1, 8)
@@ -579,13 +612,13 @@ def test_the_quick_command_tells_the_objectives_apart(tiny_model_path):
                 assert not torch.equal(moved[a], moved[b]), (a, b)
 
 
+@pytest.mark.slow
 def test_a_run_killed_during_an_evaluation_evaluates_that_step_on_resume(tmp_path, tiny_model_path):
     """Step 2's checkpoint is written before its evaluation: killed during that evaluation (kill -9), the resumed run
     evaluates step 2 from the checkpoint and logs its row once, with the eval_acc an uninterrupted run logs."""
-    problems = tmp_path / "four.jsonl"
-    problems.write_text("".join(json.dumps({"problem": f"Compute {a} + {a + 1}.", "answer": str(2 * a + 1)}) + "\n"
-                                for a in range(1, 5)))
-    two = ["--sampler", "hf", "--max-steps", "2", "--save-every", "2", "--eval-every", "2", "--eval-data", str(problems),
+    problems = few_problems(tmp_path)
+    two = ["--sampler", "hf", "--max-steps", "2", "--save-every", "2", "--eval-every", "2", "--no-eval-before-train",
+           "--eval-data", str(problems),
            "--log-samples-every", "0"]
     run_train(tmp_path / "straight", *two)
     env = {**os.environ, "TRAIN_CRASH_AT": "evaluation:2"}

@@ -35,11 +35,10 @@ def correct(micro_batches, mode: str, threshold: float, device) -> dict:
     for mbs in micro_batches:
         for mb in mbs:
             trainer_logp = logprobs.truncated_logprobs(mb.old_logp, mb.kept)
-            mb.weights, log_rho, flags = importance_weights(trainer_logp, mb.sampler_logp, mb.response_mask,
-                                                               mode, threshold)
+            mb.weights, log_rho, flags = importance_weights(trainer_logp, mb.sampler_logp, mb.response_mask, mode,
+                                                            threshold)
             log_rhos.append(log_rho), corrected.append(flags)
     return reduced_metrics(log_rhos, corrected, device)
-
 
 
 def importance_weights(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, mode: str,

@@ -63,8 +63,11 @@ To add a method: write its per-token loss function (section 3) and one ALGORITHM
 hyperparameter is one LossConfig field with its Rule (train.py turns it into a flag, checked by the rule).
 """
 
+from __future__ import annotations  # the objective comes first; the options it reads, below
+
 import difflib
 import math
+import struct
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable, NamedTuple
 
@@ -74,85 +77,10 @@ LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: large enough never to bind in practice,
 
 
 # ---------------------------------------------------------------------------------------------
-# 1. The options: one object per call
+# 1. The objective: CE-GPPO's per-token loss
 # ---------------------------------------------------------------------------------------------
-
-class Rule(NamedTuple):
-    """What values a LossConfig field takes: declared beside the field, checked by config_problems() for every field
-    alike, so a new hyperparameter brings its own check (and train.py its own error line)."""
-    low: float | None = None  # lower bound
-    high: float | None = None  # upper bound (inclusive)
-    low_open: bool = False  # the lower bound excluded: > low instead of >= low
-    choices: str | None = None  # the name of a module-level tuple or dict whose keys are the allowed values
-    integer: bool = False  # whole numbers only
-
-    def options(self) -> list:
-        """The allowed values of a choice field, from its registry (empty for a numeric field)."""
-        return sorted(globals()[self.choices], key=str) if self.choices else []
-
-    def text(self) -> str:
-        if self.choices:
-            return f"one of {self.options()}"
-        low = f"{'>' if self.low_open else '>='} {self.low:g}" if self.low is not None else ""
-        if self.high is None:
-            return f"an integer {low}" if self.integer else f"{low} and finite"
-        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]" if low else f"<= {self.high:g}"
-
-    def allows(self, value) -> bool:
-        if self.choices:
-            return value in self.options()
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return False
-        if self.integer and not isinstance(value, int):
-            return False
-        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
-            return False
-        return self.high is None or value <= self.high
-
-
-def option(default, rule: Rule):
-    """A LossConfig field with its rule."""
-    return field(default=default, metadata={"rule": rule})
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """Every hyperparameter of the objectives. Each field is also a train.py flag (--eps-low, ...), checked by its rule.
-    An algorithm reads only the fields its token loss uses; its own defaults are in ALGORITHMS[algo].defaults."""
-    algo: str = option("ce_gppo", Rule(choices="ALGORITHMS"))  # the objective: one of loss.ALGORITHMS (README's table of the family)
-    eps_low: float = option(0.2, Rule(0, 1, low_open=True))  # lower clip range: the interval is [1 - eps_low, 1 + eps_high]; 1 = no lower bound
-    eps_high: float = option(0.2, Rule(0, low_open=True))  # upper clip range
-    beta1: float = option(0.5, Rule(0))  # CE-GPPO gradient scale on the left boundary (d < 1-eps, A < 0); larger lowers entropy
-    beta2: float = option(1.0, Rule(0))  # CE-GPPO gradient scale on the right boundary (d > 1+eps, A > 0); larger keeps entropy up
-    clip_ratio_c: float = option(10.0, Rule(0))  # dual-clip bound for A < 0 (official scripts: 10); 0 disables
-    loss_agg_mode: str = option("token-mean", Rule(choices="LOSS_AGG_MODES"))  # how token losses become one number
-    norm_len: int = option(0, Rule(0, integer=True))  # seq-mean-token-sum-norm's constant length (Dr. GRPO); 0 = the max response length
-    entropy_coef: float = option(0.0, Rule(0))  # entropy bonus: loss -= coef * mean token entropy (paper §4 baseline: 0.001, 0.003)
-    positive_lm_coef: float = option(0.0, Rule(0))  # weight of the NLL on correct responses (official scripts: 0.1; not in the paper)
-    dynamic_clip: str = option("none", Rule(choices="DYNAMIC_CLIPS"))  # probability-dependent clip schedule (arXiv 2602.09782)
-    tau_pos: float = option(1.0, Rule(0, low_open=True))  # SAPO gate temperature for A > 0 (SAPO paper, verl tau_pos, TRL sapo_temperature_pos: 1.0)
-    tau_neg: float = option(1.05, Rule(0, low_open=True))  # SAPO gate temperature for A <= 0 (SAPO paper, verl tau_neg, TRL sapo_temperature_neg: 1.05)
-    clip_cov_ratio: float = option(2e-4, Rule(0, 1, low_open=True))  # Clip-Cov: share of a call's tokens whose gradient is stopped (arXiv 2505.22617 §5, verl: 2e-4)
-    clip_cov_lb: float = option(1.0, Rule(0))  # Clip-Cov: only tokens with covariance in (lb, ub) are candidates (paper, verl: 1)
-    clip_cov_ub: float = option(5.0, Rule(0))  # Clip-Cov: upper covariance bound (paper, verl: 5)
-    kl_cov_ratio: float = option(2e-3, Rule(0, 1, low_open=True))  # KL-Cov: share of a call's tokens with the largest covariance that get the KL term (paper 7B run: 2e-3; verl default 2e-4)
-    kl_cov_coef: float = option(1.0, Rule(0))  # KL-Cov: weight of |log d| on those tokens (paper: 1; verl's yaml default 0.1)
-    top_entropy_quantile: float = option(1.0, Rule(0, 1, low_open=True))  # rho: train only on the top-rho share of tokens by entropy (arXiv 2506.01939 recommends 0.2; TRL top_entropy_quantile); 1 = all
-    kl_coef: float = option(0.0, Rule(0))  # KL penalty to the frozen initial model (GRPO paper: 0.04; verl kl_loss_coef 0.001; official CE-GPPO scripts: none); 0 = no reference model
-    kl_estimator: str = option("k3", Rule(choices="KL_ESTIMATORS"))  # k1 log(pi/ref), k2 (log(pi/ref))^2 / 2, k3 ref/pi - log(ref/pi) - 1 (GRPO Eq. 4; verl low_var_kl)
-    adaptive_entropy: bool = option(False, Rule(choices="SWITCH"))  # Skywork-OR1 adaptive entropy control: entropy_coef becomes the controller's start value (TRL use_adaptive_entropy)
-    entropy_target: float = option(0.2, Rule(0, low_open=True))  # adaptive entropy: target mean token entropy in nats (Skywork-OR1 tgt-ent 0.2; TRL entropy_target 0.2)
-    entropy_coef_delta: float = option(0.005, Rule(0, low_open=True))  # adaptive entropy: step of the coefficient per training step (Skywork-OR1, TRL entropy_coef_delta: 0.005)
-    entropy_coef_min: float = option(0.0, Rule(0))  # adaptive entropy: lower bound of the coefficient (TRL entropy_coef_min: 0)
-    entropy_coef_max: float = option(1.0, Rule(0))  # adaptive entropy: upper bound of the coefficient (TRL entropy_coef_max: 1)
-
-
-class Totals(NamedTuple):
-    """Counts over the whole mini-batch, when a call sees one micro-batch of it: the means stay exact."""
-    tokens: float | torch.Tensor | None = None  # response tokens
-    seqs: float | None = None  # responses
-    correct_tokens: float | torch.Tensor | None = None  # tokens of correct responses (positive-example LM term)
-
+# Each takes (t: Tokens, cfg: LossConfig) and returns (loss [B, T] to be minimised, the ratio the clip regions
+# are judged on [B, T] detached, its own metrics {name: [B, T] bool or float tensor}, reported as token means).
 
 class Tokens(NamedTuple):
     """What a per-token loss sees: [B, T] tensors of one micro-batch."""
@@ -162,43 +90,6 @@ class Tokens(NamedTuple):
     mask: torch.Tensor  # 1 on response tokens, 0 on padding
     eps_low: float | torch.Tensor  # clip range; [B, T] tensors under dynamic clipping
     eps_high: float | torch.Tensor
-
-
-# ---------------------------------------------------------------------------------------------
-# 2. Group-relative advantages
-# ---------------------------------------------------------------------------------------------
-
-def group_advantages(rewards: torch.Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6):
-    """GRPO: A_i = (r_i - mean(r_group)) / (std(r_group) + 1e-6), unbiased std as the official code.
-
-    rewards [num_groups * group_size], the responses of one prompt contiguous. scale_by_std=False gives
-    Dr. GRPO (arXiv 2503.20783): A_i = r_i - mean(r_group). Returns one advantage per response.
-    """
-    if group_size < 2:
-        raise ValueError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
-    if rewards.dim() != 1 or rewards.numel() % group_size:
-        raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries, got shape {tuple(rewards.shape)}")
-    r = rewards.float().view(-1, group_size)
-    adv = r - r.mean(dim=1, keepdim=True)
-    if scale_by_std:
-        adv = adv / (r.std(dim=1, keepdim=True, unbiased=True) + eps)
-    return adv.view(-1)
-
-
-# ---------------------------------------------------------------------------------------------
-# 3. Per-token losses, one function per algorithm
-# ---------------------------------------------------------------------------------------------
-# Each takes (t: Tokens, cfg: LossConfig) and returns (loss [B, T] to be minimised, the ratio the clip regions
-# are judged on [B, T] detached, its own metrics {name: [B, T] bool or float tensor}, reported as token means).
-
-
-def _dual_clip(loss, adv, clip_ratio_c):
-    """Dual-clip PPO (Ye et al. 2020, as verl): for A < 0, loss = min(loss, -A * c)."""
-    if not clip_ratio_c:
-        return loss, {}
-    cap = -adv * clip_ratio_c
-    dual = (adv < 0) & (loss > cap)
-    return torch.where(dual, cap, loss), {"dual_clip_frac": dual}
 
 
 def ce_gppo_token_loss(t: Tokens, cfg: LossConfig):
@@ -213,6 +104,187 @@ def ce_gppo_token_loss(t: Tokens, cfg: LossConfig):
     loss, extra = _dual_clip(-(weight / r) * ratio * t.adv, t.adv, cfg.clip_ratio_c)
     return loss, r, extra
 
+
+def _dual_clip(loss, adv, clip_ratio_c):
+    """Dual-clip PPO (Ye et al. 2020, as verl): for A < 0, loss = min(loss, -A * c)."""
+    if not clip_ratio_c:
+        return loss, {}
+    cap = -adv * clip_ratio_c
+    dual = (adv < 0) & (loss > cap)
+    return torch.where(dual, cap, loss), {"dual_clip_frac": dual}
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. The entry point: one call per micro-batch
+# ---------------------------------------------------------------------------------------------
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                cfg: LossConfig | None = None, *, totals: Totals | None = None, entropy: torch.Tensor | None = None,
+                correct: torch.Tensor | None = None, weights: torch.Tensor | None = None, progress: float = 0.0,
+                od_state: int = 0, ref_logp: torch.Tensor | None = None):
+    """The loss of cfg.algo (minimised) with its extra terms, and its diagnostics.
+
+    logp       [B, T] log pi_theta of the sampled tokens (with grad), e.g. from logprobs.model_logprobs
+    old_logp   [B, T] log pi_old of the same tokens (no grad)
+    advantages [B, 1] or [B, T]
+    mask       [B, T] 1 on response tokens, 0 on padding
+    cfg        the hyperparameters (loss_config(algo, ...) fills in the algorithm's defaults); None: LossConfig()
+    totals     the mini-batch's counts when this call sees one micro-batch (exact means); None: this call's own
+    entropy    [B, T] per-token entropy: reports the four entropy-sensitive regions; with cfg.entropy_coef it
+               must carry gradient, and the bonus -entropy_coef * mean(entropy) joins the loss; with
+               cfg.top_entropy_quantile < 1 it picks the tokens the policy term trains on
+    correct    [B] bool, for cfg.positive_lm_coef: + coef * NLL(correct responses)
+    weights    [B, T] detached per-token weights on the policy term (an importance weight: correction.py)
+    progress, od_state: training progress k/T and the oscillatory-decay state, for cfg.dynamic_clip
+    ref_logp   [B, T] log pi_ref of the same tokens (no grad), for cfg.kl_coef: + kl_coef * mean(KL estimate)
+
+    Returns (loss, metrics); metrics are detached 0-d tensors, token means over this call's response tokens
+    (pg_loss and the extra terms: their values as aggregated).
+    """
+    cfg, totals = cfg or LossConfig(), totals or Totals()
+    problems = _checked(cfg)
+    if problems:
+        raise ValueError(problems[0][1])
+    if logp.dim() != 2 or old_logp.shape != logp.shape or mask.shape != logp.shape:
+        raise ValueError(f"logp, old_logp and mask must all be [batch, T]; got {tuple(logp.shape)}, {tuple(old_logp.shape)}, {tuple(mask.shape)}")
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    if advantages.shape not in ((logp.shape[0], 1), logp.shape):
+        raise ValueError(f"advantages must be [batch, 1] or [batch, T] = {tuple(logp.shape)}, got {tuple(advantages.shape)}")
+    eps_low, eps_high = cfg.eps_low, cfg.eps_high
+    if cfg.dynamic_clip != "none":
+        eps_low, eps_high = dynamic_clip_eps(logp.detach().exp(), DynamicClip(schedule=cfg.dynamic_clip), progress, od_state)
+
+    mask = mask.to(logp.dtype)
+    # 0 on padding: its ratio is exactly 1 there (inside every interval, never dual-clipped), so the metrics need no
+    # masking; the loss is masked in aggregate() anyway.
+    log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) * mask
+    tokens = Tokens(logp, log_ratio, advantages.to(logp.dtype), mask, eps_low, eps_high)
+    token_loss, ratio, extra = ALGORITHMS[cfg.algo].token_loss(tokens, cfg)
+    if cfg.top_entropy_quantile < 1.0:  # "Beyond the 80/20 rule": the policy term on high-entropy tokens only
+        if entropy is None:
+            raise ValueError("top_entropy_quantile needs the per-token entropy (entropy=...)")
+        forking = high_entropy_tokens(entropy.detach(), mask, cfg.top_entropy_quantile)
+        token_loss, extra = token_loss * forking, {**extra, "entropy_kept_frac": forking}
+    if weights is not None:  # a detached weight per token on the policy term (sampler/trainer mismatch)
+        token_loss = token_loss * weights
+    pg_loss = aggregate(token_loss, mask, cfg.loss_agg_mode, totals, cfg.norm_len)
+    loss, terms = _extra_terms(pg_loss, logp, mask, cfg, totals, entropy, correct, ref_logp)
+    metrics = {k: v.detach() for k, v in terms.items()}
+    metrics.update(_metrics(logp, log_ratio, tokens.adv, mask, ratio, extra, eps_low, eps_high, entropy))
+    return loss, metrics
+
+
+def _extra_terms(pg_loss, logp, mask, cfg, totals, entropy, correct, ref_logp):
+    """The policy term plus the terms that are not about the ratio: (loss, {term name: its value})."""
+    loss, terms = pg_loss, {"pg_loss": pg_loss}
+    if cfg.entropy_coef:  # entropy regularisation (the paper's §4 baseline): maximise the mean entropy
+        if entropy is None or not entropy.requires_grad:
+            raise ValueError("entropy_coef needs the per-token entropy with its gradient (entropy=...)")
+        # verl aggregates the bonus like the policy term; Skywork-OR1's adaptive control (and TRL's) takes a plain
+        # token mean whatever the loss type, the same mean its controller measures
+        mode = "token-mean" if cfg.adaptive_entropy else cfg.loss_agg_mode
+        bonus = aggregate(entropy, mask, mode, totals, cfg.norm_len)
+        loss, terms["entropy_bonus"] = loss - cfg.entropy_coef * bonus, bonus
+    if cfg.positive_lm_coef:
+        if correct is None:
+            raise ValueError("positive_lm_coef needs correct= (which responses are correct)")
+        lm = positive_example_lm_loss(logp, mask, correct, num_tokens=totals.correct_tokens)
+        loss, terms["positive_lm_loss"] = loss + cfg.positive_lm_coef * lm, lm
+    if cfg.kl_coef:  # GRPO Eq. 3: - beta D_KL(pi_theta || pi_ref), aggregated like the policy term (verl's kl_loss)
+        if ref_logp is None or ref_logp.shape != logp.shape:
+            raise ValueError("kl_coef needs the reference model's log-probs of the same tokens (ref_logp=...)")
+        kl = aggregate(kl_estimate(logp, ref_logp, cfg.kl_estimator, mask), mask, cfg.loss_agg_mode, totals, cfg.norm_len)
+        loss, terms["kl_loss"] = loss + cfg.kl_coef * kl, kl
+    return loss, terms
+
+
+_valid_configs = set()
+
+
+def _checked(cfg):
+    """config_problems(cfg), remembered for valid configs (policy_loss runs once per micro-batch)."""
+    if cfg in _valid_configs:
+        return []
+    problems = config_problems(cfg)
+    if not problems:
+        _valid_configs.add(cfg)
+    return problems
+
+
+class Totals(NamedTuple):
+    """Counts over the whole mini-batch, when a call sees one micro-batch of it: the means stay exact."""
+    tokens: float | torch.Tensor | None = None  # response tokens
+    seqs: float | None = None  # responses
+    correct_tokens: float | torch.Tensor | None = None  # tokens of correct responses (positive-example LM term)
+
+
+def aggregate(token_loss, mask, mode="token-mean", totals: Totals = Totals(), norm_len=0):
+    """Reduce a [B, T] per-token loss to a scalar.
+
+    token-mean               sum_it loss / tokens                  (DAPO, CE-GPPO; tokens = all response tokens
+                                                                   of the mini-batch)
+    seq-mean-token-mean      sum_i (sum_t loss / |y_i|) / seqs     (GRPO, GSPO)
+    seq-mean-token-sum-norm  sum_it loss / (seqs * norm_len)       (Dr. GRPO; norm_len a constant, e.g. the
+                                                                   max response length; 0 = this batch's width)
+    Pass the mini-batch's Totals when the mini-batch is split into micro-batches: the micro-batch losses then
+    sum to the mini-batch loss exactly, and so do their gradients.
+    """
+    mask = mask.to(token_loss.dtype)
+    summed = token_loss * mask
+    if mode == "token-mean":
+        denom = mask.sum() if totals.tokens is None else totals.tokens
+        return summed.sum() / torch.as_tensor(denom, dtype=token_loss.dtype).clamp(min=1)
+    seqs = mask.shape[0] if totals.seqs is None else totals.seqs
+    if mode == "seq-mean-token-mean":
+        per_seq = summed.sum(-1) / mask.sum(-1).clamp(min=1)
+        return per_seq.sum() / max(seqs, 1)
+    if mode == "seq-mean-token-sum-norm":
+        return summed.sum() / (max(seqs, 1) * (norm_len or mask.shape[-1]))
+    raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {mode!r}")
+
+
+@torch.no_grad()
+def _metrics(logp, log_ratio, adv, mask, ratio, extra, eps_low, eps_high, entropy):
+    # log_ratio is 0 on padding, so the ratio is 1 there: no mask is needed below but in the E1-E4 split. Each [B, T]
+    # temporary costs an allocation and a pass; this is what keeps the diagnostics cheap next to the loss itself.
+    tokens = mask.sum()
+    n = tokens.clamp(min=1)
+    rows_below = torch.count_nonzero(ratio < 1 - eps_low, dim=-1)
+    rows_above = torch.count_nonzero(ratio > 1 + eps_high, dim=-1)
+    if adv.shape[-1] == 1:  # one advantage per response: the counts per row, by the row's sign
+        neg, pos = adv[:, 0] < 0, adv[:, 0] > 0
+        low_neg, high_pos, low_pos, high_neg = rows_below[neg].sum(), rows_above[pos].sum(), rows_below[pos].sum(), rows_above[neg].sum()
+    else:
+        below, above = ratio < 1 - eps_low, ratio > 1 + eps_high
+        low_neg, high_pos = torch.count_nonzero(below & (adv < 0)), torch.count_nonzero(above & (adv > 0))
+        low_pos, high_neg = torch.count_nonzero(below & (adv > 0)), torch.count_nonzero(above & (adv < 0))
+    m = {
+        "clip_frac_low_neg": low_neg / n,  # the beta1 region: below, A < 0
+        "clip_frac_high_pos": high_pos / n,  # the beta2 region: above, A > 0
+        "clip_frac_low_pos": low_pos / n,
+        "clip_frac_high_neg": high_neg / n,
+        "approx_kl": (ratio - log_ratio - 1).sum() / n,  # k3 estimate of KL(pi_old || pi_theta); 0 on padding
+        "ratio_mean": (ratio.sum() - (ratio.numel() - tokens)) / n,  # padding adds 1 per position to the sum
+        "num_tokens": n,
+    }
+    for name, value in extra.items():  # the loss's own metrics, as token means
+        m[name] = (torch.count_nonzero(value) if value.dtype == torch.bool else (value * mask).sum()) / n
+    if entropy is not None:  # the four entropy-sensitive regions of arXiv 2602.09782
+        valid = mask > 0
+        surprising = (-logp.detach() > entropy.detach()) & valid  # -log pi > H: a low-probability token
+        likely = ~surprising & valid
+        neg, pos = adv < 0, adv > 0
+        m["entropy_region_e1"] = torch.count_nonzero(likely & pos) / n  # lowers entropy
+        m["entropy_region_e2"] = torch.count_nonzero(surprising & pos) / n  # raises entropy
+        m["entropy_region_e3"] = torch.count_nonzero(likely & neg) / n  # raises entropy
+        m["entropy_region_e4"] = torch.count_nonzero(surprising & neg) / n  # lowers entropy
+    return m
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. The family: the other per-token losses
+# ---------------------------------------------------------------------------------------------
 
 def gppo_token_loss(t: Tokens, cfg: LossConfig):
     """GPPO (Klear-Reasoner Eq. 7): CE-GPPO with beta1 = beta2 = 1, whatever beta1/beta2 are set to."""
@@ -399,49 +471,6 @@ def algorithm_table() -> str:
     return "\n".join(lines)
 
 
-def loss_config(algo: str = "ce_gppo", **overrides) -> LossConfig:
-    """The LossConfig that runs `algo` with its own defaults, then `overrides`; checked (ValueError if not valid)."""
-    if algo not in ALGORITHMS:
-        raise ValueError(f"unknown algo {algo!r}; choose one of {sorted(ALGORITHMS)}")
-    cfg = LossConfig(**{**ALGORITHMS[algo].defaults, **overrides, "algo": algo})
-    problems = config_problems(cfg)
-    if problems:
-        raise ValueError(problems[0][1])
-    return cfg
-
-
-def config_problems(cfg: LossConfig) -> list[tuple[str, str]]:
-    """(field, message) for every value out of range, each message starting with the field's name; [] if valid.
-    Each field's own rule first, then the rules that relate two fields."""
-    problems = [(f.name, f"{f.name} must be {f.metadata['rule'].text()}, got {getattr(cfg, f.name)!r}{_closest(f, cfg)}")
-                for f in fields(cfg) if not f.metadata["rule"].allows(getattr(cfg, f.name))]
-    bad = {name for name, _ in problems}
-    if not bad & {"clip_ratio_c", "eps_high"} and cfg.clip_ratio_c and cfg.clip_ratio_c <= 1 + cfg.eps_high:
-        problems.append(("clip_ratio_c", f"clip_ratio_c must exceed 1 + eps_high = {1 + cfg.eps_high} (or be 0 to disable), "
-                                         f"got {cfg.clip_ratio_c!r}"))
-    if not bad & {"algo", "dynamic_clip"} and cfg.dynamic_clip != "none" and not ALGORITHMS[cfg.algo].dynamic_clip:
-        problems.append(("dynamic_clip", f"dynamic_clip does not apply to {cfg.algo}: dynamic clipping applies to "
-                                         f"{[a for a, s in ALGORITHMS.items() if s.dynamic_clip]}"))
-    if not bad & {"clip_cov_lb", "clip_cov_ub"} and cfg.clip_cov_lb >= cfg.clip_cov_ub:
-        problems.append(("clip_cov_lb", f"clip_cov_lb must be below clip_cov_ub = {cfg.clip_cov_ub}, got {cfg.clip_cov_lb!r}"))
-    if not bad & {"entropy_coef_min", "entropy_coef_max"} and cfg.entropy_coef_min > cfg.entropy_coef_max:
-        problems.append(("entropy_coef_min", f"entropy_coef_min must be at most entropy_coef_max = {cfg.entropy_coef_max}, "
-                                             f"got {cfg.entropy_coef_min!r}"))
-    return problems
-
-
-def _closest(f, cfg) -> str:
-    """"; did you mean 'ce_gppo'?" for a mistyped choice."""
-    rule = f.metadata["rule"]
-    return did_you_mean(getattr(cfg, f.name), rule.options()) if rule.choices else ""
-
-
-def did_you_mean(value, options) -> str:
-    """"; did you mean X?" for the closest of `options` to a mistyped value, or "" (every choice flag's hint)."""
-    close = difflib.get_close_matches(str(value), [str(o) for o in options], n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
-
-
 def ignored_fields(cfg: LossConfig) -> list[str]:
     """LossConfig fields `cfg.algo` does not read (so setting them changes nothing)."""
     reads = set(ALGORITHMS[cfg.algo].reads) | set(COMMON_FIELDS) | {"algo"}
@@ -459,167 +488,181 @@ def skips_zero_advantage(cfg: LossConfig) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. Aggregation
+# 5. Group-relative advantages
 # ---------------------------------------------------------------------------------------------
 
-def aggregate(token_loss, mask, mode="token-mean", totals: Totals = Totals(), norm_len=0):
-    """Reduce a [B, T] per-token loss to a scalar.
+def group_advantages(rewards: torch.Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6):
+    """GRPO: A_i = (r_i - mean(r_group)) / (std(r_group) + 1e-6), unbiased std as the official code.
 
-    token-mean               sum_it loss / tokens                  (DAPO, CE-GPPO; tokens = all response tokens
-                                                                   of the mini-batch)
-    seq-mean-token-mean      sum_i (sum_t loss / |y_i|) / seqs     (GRPO, GSPO)
-    seq-mean-token-sum-norm  sum_it loss / (seqs * norm_len)       (Dr. GRPO; norm_len a constant, e.g. the
-                                                                   max response length; 0 = this batch's width)
-    Pass the mini-batch's Totals when the mini-batch is split into micro-batches: the micro-batch losses then
-    sum to the mini-batch loss exactly, and so do their gradients.
+    rewards [num_groups * group_size], the responses of one prompt contiguous. scale_by_std=False gives
+    Dr. GRPO (arXiv 2503.20783): A_i = r_i - mean(r_group). Returns one advantage per response.
     """
-    mask = mask.to(token_loss.dtype)
-    summed = token_loss * mask
-    if mode == "token-mean":
-        denom = mask.sum() if totals.tokens is None else totals.tokens
-        return summed.sum() / torch.as_tensor(denom, dtype=token_loss.dtype).clamp(min=1)
-    seqs = mask.shape[0] if totals.seqs is None else totals.seqs
-    if mode == "seq-mean-token-mean":
-        per_seq = summed.sum(-1) / mask.sum(-1).clamp(min=1)
-        return per_seq.sum() / max(seqs, 1)
-    if mode == "seq-mean-token-sum-norm":
-        return summed.sum() / (max(seqs, 1) * (norm_len or mask.shape[-1]))
-    raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {mode!r}")
+    if group_size < 2:
+        raise ValueError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
+    if rewards.dim() != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries, got shape {tuple(rewards.shape)}")
+    r = rewards.float().view(-1, group_size)
+    adv = r - r.mean(dim=1, keepdim=True)
+    if scale_by_std:
+        adv = adv / (r.std(dim=1, keepdim=True, unbiased=True) + eps)
+    return adv.view(-1)
 
 
 # ---------------------------------------------------------------------------------------------
-# 6. The entry point
+# 6. The options: one object per call, every field checked by its rule
 # ---------------------------------------------------------------------------------------------
 
-def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                cfg: LossConfig = LossConfig(), *, totals: Totals = Totals(), entropy: torch.Tensor | None = None,
-                correct: torch.Tensor | None = None, weights: torch.Tensor | None = None, progress: float = 0.0,
-                od_state: int = 0, ref_logp: torch.Tensor | None = None):
-    """The loss of cfg.algo (minimised) with its extra terms, and its diagnostics.
+class Rule(NamedTuple):
+    """What values a field takes: declared beside the field (LossConfig's below, train.py's Args in
+    cegppo_utils/flags.py) and checked by field_problems() for every field alike, so a new setting brings its own
+    check and its own error line."""
+    low: float | None = None  # lower bound
+    high: float | None = None  # upper bound
+    low_open: bool = False  # the lower bound excluded: > low instead of >= low
+    high_open: bool = False  # the upper bound excluded: < high instead of <= high
+    integer: bool = False  # whole numbers only, and below 2**31 (what torch and the samplers take)
+    choices: tuple | dict | None = None  # the allowed values (of a dict: its keys)
+    says: str = ""  # the range in words, where the bounds alone would not say why
+    cap: float | None = None  # a sanity limit above an open-ended range, said with its reason:
+    cap_says: str = ""  # "at most {cap} ({cap_says})"
 
-    logp       [B, T] log pi_theta of the sampled tokens (with grad), e.g. from logprobs.model_logprobs
-    old_logp   [B, T] log pi_old of the same tokens (no grad)
-    advantages [B, 1] or [B, T]
-    mask       [B, T] 1 on response tokens, 0 on padding
-    cfg        the hyperparameters (loss_config(algo, ...) fills in the algorithm's defaults)
-    totals     the mini-batch's counts when this call sees one micro-batch (exact means)
-    entropy    [B, T] per-token entropy: reports the four entropy-sensitive regions; with cfg.entropy_coef it
-               must carry gradient, and the bonus -entropy_coef * mean(entropy) joins the loss; with
-               cfg.top_entropy_quantile < 1 it picks the tokens the policy term trains on
-    correct    [B] bool, for cfg.positive_lm_coef: + coef * NLL(correct responses)
-    weights    [B, T] detached per-token weights on the policy term (an importance weight: correction.py)
-    progress, od_state: training progress k/T and the oscillatory-decay state, for cfg.dynamic_clip
-    ref_logp   [B, T] log pi_ref of the same tokens (no grad), for cfg.kl_coef: + kl_coef * mean(KL estimate)
+    def options(self) -> list:
+        """The allowed values of a choice field, from its registry (empty for a numeric field)."""
+        return sorted(self.choices, key=str) if self.choices is not None else []
 
-    Returns (loss, metrics); metrics are detached 0-d tensors, token means over this call's response tokens
-    (pg_loss and the extra terms: their values as aggregated).
-    """
-    problems = _checked(cfg)
-    if problems:
-        raise ValueError(problems[0][1])
-    if logp.dim() != 2 or old_logp.shape != logp.shape or mask.shape != logp.shape:
-        raise ValueError(f"logp, old_logp and mask must all be [batch, T]; got {tuple(logp.shape)}, {tuple(old_logp.shape)}, {tuple(mask.shape)}")
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)
-    if advantages.shape not in ((logp.shape[0], 1), logp.shape):
-        raise ValueError(f"advantages must be [batch, 1] or [batch, T] = {tuple(logp.shape)}, got {tuple(advantages.shape)}")
-    eps_low, eps_high = cfg.eps_low, cfg.eps_high
-    if cfg.dynamic_clip != "none":
-        eps_low, eps_high = dynamic_clip_eps(logp.detach().exp(), DynamicClip(schedule=cfg.dynamic_clip), progress, od_state)
+    def text(self) -> str:
+        if self.says or self.choices is not None:
+            return self.says or f"one of {self.options()}"
+        low = f"{'>' if self.low_open else '>='} {self.low:g}" if self.low is not None else ""
+        if self.high is None:
+            return f"an integer {low}" if self.integer else f"{low} and finite"
+        if not low:
+            return f"{'<' if self.high_open else '<='} {self.high:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
 
-    mask = mask.to(logp.dtype)
-    # 0 on padding: its ratio is exactly 1 there (inside every interval, never dual-clipped), so the metrics need no
-    # masking; the loss is masked in aggregate() anyway.
-    log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) * mask
-    tokens = Tokens(logp, log_ratio, advantages.to(logp.dtype), mask, eps_low, eps_high)
-    token_loss, ratio, extra = ALGORITHMS[cfg.algo].token_loss(tokens, cfg)
-    if cfg.top_entropy_quantile < 1.0:  # "Beyond the 80/20 rule": the policy term on high-entropy tokens only
-        if entropy is None:
-            raise ValueError("top_entropy_quantile needs the per-token entropy (entropy=...)")
-        forking = high_entropy_tokens(entropy.detach(), mask, cfg.top_entropy_quantile)
-        token_loss, extra = token_loss * forking, {**extra, "entropy_kept_frac": forking}
-    if weights is not None:  # a detached weight per token on the policy term (sampler/trainer mismatch)
-        token_loss = token_loss * weights
-    pg_loss = aggregate(token_loss, mask, cfg.loss_agg_mode, totals, cfg.norm_len)
-    loss, terms = _extra_terms(pg_loss, logp, mask, cfg, totals, entropy, correct, ref_logp)
-    metrics = {k: v.detach() for k, v in terms.items()}
-    metrics.update(_metrics(logp, log_ratio, tokens.adv, mask, ratio, extra, eps_low, eps_high, entropy))
-    return loss, metrics
+    def problem(self, name: str, value) -> str | None:
+        """"{name} must be ..., got {value}" where value breaks the rule, else None."""
+        if self.choices is not None:
+            return None if value in self.options() else f"{name} must be {self.text()}, got {value!r}" + \
+                did_you_mean(value, self.options())
+        number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+        if (not number or (self.integer and not isinstance(value, int))
+                or (self.low is not None and (value < self.low or (self.low_open and value == self.low)))
+                or (self.high is not None and (value > self.high or (self.high_open and value == self.high)))):
+            return f"{name} must be {self.text()}, got {value!r}"
+        if self.cap is not None and value > self.cap:
+            return f"{name} must be at most {self.cap:g} ({self.cap_says}), got {value!r}"
+        if self.integer and value >= 2**31:
+            return f"{name} must be below 2**31, got {value!r}"
+        return None
 
 
-def _extra_terms(pg_loss, logp, mask, cfg, totals, entropy, correct, ref_logp):
-    """The policy term plus the terms that are not about the ratio: (loss, {term name: its value})."""
-    loss, terms = pg_loss, {"pg_loss": pg_loss}
-    if cfg.entropy_coef:  # entropy regularisation (the paper's §4 baseline): maximise the mean entropy
-        if entropy is None or not entropy.requires_grad:
-            raise ValueError("entropy_coef needs the per-token entropy with its gradient (entropy=...)")
-        # verl aggregates the bonus like the policy term; Skywork-OR1's adaptive control (and TRL's) takes a plain
-        # token mean whatever the loss type, the same mean its controller measures
-        mode = "token-mean" if cfg.adaptive_entropy else cfg.loss_agg_mode
-        bonus = aggregate(entropy, mask, mode, totals, cfg.norm_len)
-        loss, terms["entropy_bonus"] = loss - cfg.entropy_coef * bonus, bonus
-    if cfg.positive_lm_coef:
-        if correct is None:
-            raise ValueError("positive_lm_coef needs correct= (which responses are correct)")
-        lm = positive_example_lm_loss(logp, mask, correct, num_tokens=totals.correct_tokens)
-        loss, terms["positive_lm_loss"] = loss + cfg.positive_lm_coef * lm, lm
-    if cfg.kl_coef:  # GRPO Eq. 3: - beta D_KL(pi_theta || pi_ref), aggregated like the policy term (verl's kl_loss)
-        if ref_logp is None or ref_logp.shape != logp.shape:
-            raise ValueError("kl_coef needs the reference model's log-probs of the same tokens (ref_logp=...)")
-        kl = aggregate(kl_estimate(logp, ref_logp, cfg.kl_estimator, mask), mask, cfg.loss_agg_mode, totals, cfg.norm_len)
-        loss, terms["kl_loss"] = loss + cfg.kl_coef * kl, kl
-    return loss, terms
-
-
-_valid_configs = set()
-
-
-def _checked(cfg):
-    """config_problems(cfg), remembered for valid configs (policy_loss runs once per micro-batch)."""
-    if cfg in _valid_configs:
-        return []
-    problems = config_problems(cfg)
-    if not problems:
-        _valid_configs.add(cfg)
+def field_problems(settings) -> list[tuple[str, str]]:
+    """(field, message) for every field of a settings dataclass whose value its Rule refuses, and for every float
+    that float32, the dtype a run computes in, would turn into 0 or inf (--tau-pos 1e-46 would silently be another
+    setting); each message starts with the field's name. Fields without a Rule (paths, names, switches) pass."""
+    problems = []
+    for f in fields(settings):
+        value, rule = getattr(settings, f.name), f.metadata.get("rule")
+        message = rule.problem(f.name, value) if rule is not None else None
+        if message is None and isinstance(value, float) and math.isfinite(value) and value != 0:
+            single = _as_float32(value)
+            if single == 0 or math.isinf(single):
+                message = (f"{f.name} {value} is {'0' if single == 0 else 'inf'} in float32, the dtype the run computes "
+                           "in (it holds sizes from 1.4e-45 to 3.4e38)")
+        if message is not None:
+            problems.append((f.name, message))
     return problems
 
 
-@torch.no_grad()
-def _metrics(logp, log_ratio, adv, mask, ratio, extra, eps_low, eps_high, entropy):
-    # log_ratio is 0 on padding, so the ratio is 1 there: no mask is needed below but in the E1-E4 split. Each [B, T]
-    # temporary costs an allocation and a pass; this is what keeps the diagnostics cheap next to the loss itself.
-    tokens = mask.sum()
-    n = tokens.clamp(min=1)
-    rows_below = torch.count_nonzero(ratio < 1 - eps_low, dim=-1)
-    rows_above = torch.count_nonzero(ratio > 1 + eps_high, dim=-1)
-    if adv.shape[-1] == 1:  # one advantage per response: the counts per row, by the row's sign
-        neg, pos = adv[:, 0] < 0, adv[:, 0] > 0
-        low_neg, high_pos, low_pos, high_neg = rows_below[neg].sum(), rows_above[pos].sum(), rows_below[pos].sum(), rows_above[neg].sum()
-    else:
-        below, above = ratio < 1 - eps_low, ratio > 1 + eps_high
-        low_neg, high_pos = torch.count_nonzero(below & (adv < 0)), torch.count_nonzero(above & (adv > 0))
-        low_pos, high_neg = torch.count_nonzero(below & (adv > 0)), torch.count_nonzero(above & (adv < 0))
-    m = {
-        "clip_frac_low_neg": low_neg / n,  # the beta1 region: below, A < 0
-        "clip_frac_high_pos": high_pos / n,  # the beta2 region: above, A > 0
-        "clip_frac_low_pos": low_pos / n,
-        "clip_frac_high_neg": high_neg / n,
-        "approx_kl": (ratio - log_ratio - 1).sum() / n,  # k3 estimate of KL(pi_old || pi_theta); 0 on padding
-        "ratio_mean": (ratio.sum() - (ratio.numel() - tokens)) / n,  # padding adds 1 per position to the sum
-        "num_tokens": n,
-    }
-    for name, value in extra.items():  # the loss's own metrics, as token means
-        m[name] = (torch.count_nonzero(value) if value.dtype == torch.bool else (value * mask).sum()) / n
-    if entropy is not None:  # the four entropy-sensitive regions of arXiv 2602.09782
-        valid = mask > 0
-        surprising = (-logp.detach() > entropy.detach()) & valid  # -log pi > H: a low-probability token
-        likely = ~surprising & valid
-        neg, pos = adv < 0, adv > 0
-        m["entropy_region_e1"] = torch.count_nonzero(likely & pos) / n  # lowers entropy
-        m["entropy_region_e2"] = torch.count_nonzero(surprising & pos) / n  # raises entropy
-        m["entropy_region_e3"] = torch.count_nonzero(likely & neg) / n  # raises entropy
-        m["entropy_region_e4"] = torch.count_nonzero(surprising & neg) / n  # lowers entropy
-    return m
+def _as_float32(value: float) -> float:
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.inf
+
+
+def option(default, rule: Rule):
+    """A settings field with its rule (LossConfig's here, Args' in cegppo_utils/flags.py)."""
+    return field(default=default, metadata={"rule": rule})
+
+
+BETA_CAP = "it scales the loss's gradient; the paper uses 0.5 to 1"  # beta1, beta2: at most 100
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Every hyperparameter of the objectives. Each field is also a train.py flag (--eps-low, ...), checked by its rule.
+    An algorithm reads only the fields its token loss uses; its own defaults are in ALGORITHMS[algo].defaults."""
+    algo: str = option("ce_gppo", Rule(choices=ALGORITHMS))  # the objective: one of loss.ALGORITHMS (README's table of the family)
+    eps_low: float = option(0.2, Rule(0, 1, low_open=True))  # lower clip range: the interval is [1 - eps_low, 1 + eps_high]; 1 = no lower bound
+    eps_high: float = option(0.2, Rule(0, low_open=True))  # upper clip range
+    beta1: float = option(0.5, Rule(0, cap=100, cap_says=BETA_CAP))  # CE-GPPO gradient scale on the left boundary (d < 1-eps, A < 0); larger lowers entropy
+    beta2: float = option(1.0, Rule(0, cap=100, cap_says=BETA_CAP))  # CE-GPPO gradient scale on the right boundary (d > 1+eps, A > 0); larger keeps entropy up
+    clip_ratio_c: float = option(10.0, Rule(0))  # dual-clip bound for A < 0 (official scripts: 10); 0 disables
+    loss_agg_mode: str = option("token-mean", Rule(choices=LOSS_AGG_MODES))  # how token losses become one number
+    norm_len: int = option(0, Rule(0, integer=True))  # seq-mean-token-sum-norm's constant length (Dr. GRPO); 0 = the max response length
+    entropy_coef: float = option(0.0, Rule(0))  # entropy bonus: loss -= coef * mean token entropy (paper §4 baseline: 0.001, 0.003)
+    positive_lm_coef: float = option(0.0, Rule(0))  # weight of the NLL on correct responses (official scripts: 0.1; not in the paper)
+    dynamic_clip: str = option("none", Rule(choices=DYNAMIC_CLIPS))  # probability-dependent clip schedule (arXiv 2602.09782)
+    tau_pos: float = option(1.0, Rule(0, low_open=True))  # SAPO gate temperature for A > 0 (SAPO paper, verl tau_pos, TRL sapo_temperature_pos: 1.0)
+    tau_neg: float = option(1.05, Rule(0, low_open=True))  # SAPO gate temperature for A <= 0 (SAPO paper, verl tau_neg, TRL sapo_temperature_neg: 1.05)
+    clip_cov_ratio: float = option(2e-4, Rule(0, 1, low_open=True))  # Clip-Cov: share of a call's tokens whose gradient is stopped (arXiv 2505.22617 §5, verl: 2e-4)
+    clip_cov_lb: float = option(1.0, Rule(0))  # Clip-Cov: only tokens with covariance in (lb, ub) are candidates (paper, verl: 1)
+    clip_cov_ub: float = option(5.0, Rule(0))  # Clip-Cov: upper covariance bound (paper, verl: 5)
+    kl_cov_ratio: float = option(2e-3, Rule(0, 1, low_open=True))  # KL-Cov: share of a call's tokens with the largest covariance that get the KL term (paper 7B run: 2e-3; verl default 2e-4)
+    kl_cov_coef: float = option(1.0, Rule(0))  # KL-Cov: weight of |log d| on those tokens (paper: 1; verl's yaml default 0.1)
+    top_entropy_quantile: float = option(1.0, Rule(0, 1, low_open=True))  # rho: train only on the top-rho share of tokens by entropy (arXiv 2506.01939 recommends 0.2; TRL top_entropy_quantile); 1 = all
+    kl_coef: float = option(0.0, Rule(0))  # KL penalty to the frozen initial model (GRPO paper: 0.04; verl kl_loss_coef 0.001; official CE-GPPO scripts: none); 0 = no reference model
+    kl_estimator: str = option("k3", Rule(choices=KL_ESTIMATORS))  # k1 log(pi/ref), k2 (log(pi/ref))^2 / 2, k3 ref/pi - log(ref/pi) - 1 (GRPO Eq. 4; verl low_var_kl)
+    adaptive_entropy: bool = option(False, Rule(choices=SWITCH))  # Skywork-OR1 adaptive entropy control: entropy_coef becomes the controller's start value (TRL use_adaptive_entropy)
+    entropy_target: float = option(0.2, Rule(0, low_open=True))  # adaptive entropy: target mean token entropy in nats (Skywork-OR1 tgt-ent 0.2; TRL entropy_target 0.2)
+    entropy_coef_delta: float = option(0.005, Rule(0, low_open=True))  # adaptive entropy: step of the coefficient per training step (Skywork-OR1, TRL entropy_coef_delta: 0.005)
+    entropy_coef_min: float = option(0.0, Rule(0))  # adaptive entropy: lower bound of the coefficient (TRL entropy_coef_min: 0)
+    entropy_coef_max: float = option(1.0, Rule(0))  # adaptive entropy: upper bound of the coefficient (TRL entropy_coef_max: 1)
+
+
+def loss_config(algo: str = "ce_gppo", **overrides) -> LossConfig:
+    """The LossConfig that runs `algo` with its own defaults, then `overrides`; checked (ValueError if not valid)."""
+    if algo not in ALGORITHMS:
+        raise ValueError(f"unknown algo {algo!r}; choose one of {sorted(ALGORITHMS)}")
+    cfg = LossConfig(**{**ALGORITHMS[algo].defaults, **overrides, "algo": algo})
+    problems = config_problems(cfg)
+    if problems:
+        raise ValueError(problems[0][1])
+    return cfg
+
+
+def config_problems(cfg: LossConfig) -> list[tuple[str, str]]:
+    """(field, message) for every value out of range, each message starting with the field's name; [] if valid.
+    Each field's own rule first (field_problems), then the rules that relate two fields."""
+    problems = field_problems(cfg)
+    bad = {name for name, _ in problems}
+    if not bad & {"clip_ratio_c", "eps_high"} and cfg.clip_ratio_c and cfg.clip_ratio_c <= 1 + cfg.eps_high:
+        problems.append(("clip_ratio_c", f"clip_ratio_c must exceed 1 + eps_high = {1 + cfg.eps_high} (or be 0 to disable), "
+                                         f"got {cfg.clip_ratio_c!r}"))
+    if not bad & {"algo", "dynamic_clip"} and cfg.dynamic_clip != "none" and not ALGORITHMS[cfg.algo].dynamic_clip:
+        problems.append(("dynamic_clip", f"dynamic_clip does not apply to {cfg.algo}: dynamic clipping applies to "
+                                         f"{[a for a, s in ALGORITHMS.items() if s.dynamic_clip]}"))
+    if not bad & {"clip_cov_lb", "clip_cov_ub"} and cfg.clip_cov_lb >= cfg.clip_cov_ub:
+        problems.append(("clip_cov_lb", f"clip_cov_lb must be below clip_cov_ub = {cfg.clip_cov_ub}, got {cfg.clip_cov_lb!r}"))
+    if not bad & {"entropy_coef_min", "entropy_coef_max"} and cfg.entropy_coef_min > cfg.entropy_coef_max:
+        problems.append(("entropy_coef_min", f"entropy_coef_min must be at most entropy_coef_max = {cfg.entropy_coef_max}, "
+                                             f"got {cfg.entropy_coef_min!r}"))
+    return problems
+
+
+def closest(value, options) -> str | None:
+    """The option a mistyped value most likely means, by spelling, or None: the one closest-name hint for every
+    choice, preset, flag and config key."""
+    close = difflib.get_close_matches(str(value), [str(o) for o in options], n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def did_you_mean(value, options) -> str:
+    """"; did you mean X?" for closest(value, options), or ""."""
+    close = closest(value, options)
+    return f"; did you mean {close!r}?" if close else ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -703,8 +746,6 @@ def oscillatory_decay_state(state: int, entropy: float, progress: float, initial
     return state
 
 
-
-
 # ---------------------------------------------------------------------------------------------
 # 8. The positive-example LM term of the official scripts
 # ---------------------------------------------------------------------------------------------
@@ -776,4 +817,3 @@ def next_entropy_coef(cfg: LossConfig, coef: float, entropy: float) -> float:
     if entropy <= cfg.entropy_target:
         return min(coef + cfg.entropy_coef_delta, cfg.entropy_coef_max)
     return max(coef - cfg.entropy_coef_delta, cfg.entropy_coef_min)
-

@@ -5,74 +5,73 @@ with exit code 2 (no usage block). Nothing here is about the algorithm; loss.Los
 
 import argparse
 import dataclasses
-import difflib
 import inspect
 import json
 import math
 import os
 import stat
-import struct
 import sys
 from dataclasses import dataclass, field, fields
 
 import loss as L
 from cegppo_utils import correction, data
 
+COUNT = L.Rule(0, low_open=True, integer=True)  # a whole number > 0 (and below 2**31, as every integer flag)
+AT_LEAST_0 = L.Rule(0, integer=True)
+
 
 @dataclass
 class Args:
+    """Every setting of a run but the objective's (loss.LossConfig): one flag each, its help the comment beside it,
+    its allowed values its Rule (loss.field_problems checks both dataclasses alike)."""
     # --- model
     model: str = "tiny"  # HF hub id or local path; "tiny" (or "tiny:<task>") builds/reuses the project's warm-started tiny model
-    precision: str = "fp32"  # bf16 (autocast, fp32 master weights) | fp32
+    precision: str = L.option("fp32", L.Rule(choices=("bf16", "fp32")))  # bf16 (autocast, fp32 master weights) | fp32
     gradient_checkpointing: bool = False  # recompute activations in backward to save memory
     fused_logprobs: bool = True  # log-probs straight from hidden states, one chunk of logits at a time (logprobs.py)
     # --- data
     train_data: str = "arith"  # hub dataset id, local .json/.jsonl/.parquet, or an offline task name
     eval_data: str = "auto"  # held-out problems for eval_acc: a benchmark name or file; auto = the task's own held-out set
-    seed: int = 0  # seeds data order, sampling and initialisation
+    seed: int = L.option(0, L.Rule(0, 2**31, high_open=True, integer=True, says="in [0, 2**31) (the sampler's engine seed is 32-bit)"))  # seeds data order, sampling and initialisation
     # --- algorithm: besides these, every field of loss.LossConfig is a flag of its own (--algo, --beta1, ...)
     loss: L.LossConfig = field(default_factory=L.LossConfig)
     scale_adv_by_std: bool = True  # GRPO advantages; --no-scale-adv-by-std = Dr. GRPO (r - mean)
     dynamic_sampling: bool = True  # drop groups whose accuracy has zero variance (official: on)
-    rollout_correction: str = "none"  # sampler/trainer mismatch weights (correction.py)
-    rollout_correction_threshold: float = 2.0  # C: TIS truncates the weight at C, MIS drops what exceeds C
+    rollout_correction: str = L.option("none", L.Rule(choices=correction.MODES))  # sampler/trainer mismatch weights (correction.py)
+    rollout_correction_threshold: float = L.option(2.0, L.Rule(1, low_open=True, says="a finite number > 1"))  # C: TIS truncates the weight at C, MIS drops what exceeds C
     # --- sampling
-    gen_prompts: int = 32  # prompts sampled per step
-    n: int = 8  # responses per prompt
-    temperature: float = 1.0  # rollout temperature; log-probs use the same temperature
-    top_p: float = 1.0  # rollout nucleus sampling
-    top_k: int = 0  # rollout top-k (0 = off)
-    max_prompt_len: int = 64  # longer prompts are an error, found at start
-    max_response_len: int = 48  # responses are truncated here
-    min_response_len: int = 0  # no EOS before this many tokens (benchmarks: equal lengths on every side); 0 = off
-    sampler: str = "auto"  # which engine samples
-    gpu_memory_utilization: float = 0.5  # share of GPU memory for vLLM (the rest is for training)
+    gen_prompts: int = L.option(32, COUNT)  # prompts sampled per step
+    n: int = L.option(8, L.Rule(2, integer=True, says=">= 2 (group-relative advantages need a group)"))  # responses per prompt
+    temperature: float = L.option(1.0, L.Rule(0.01, 100, says="in [0.01, 100] (logits / temperature must stay finite)"))  # rollout temperature; log-probs use the same temperature
+    top_p: float = L.option(1.0, L.Rule(0, 1, low_open=True))  # rollout nucleus sampling
+    top_k: int = L.option(0, AT_LEAST_0)  # rollout top-k (0 = off)
+    max_prompt_len: int = L.option(64, COUNT)  # longer prompts are an error, found at start
+    max_response_len: int = L.option(48, COUNT)  # responses are truncated here
+    min_response_len: int = L.option(0, AT_LEAST_0)  # no EOS before this many tokens (benchmarks: equal lengths on every side); 0 = off
+    sampler: str = L.option("auto", L.Rule(choices=("auto", "vllm", "hf")))  # which engine samples
+    gpu_memory_utilization: float = L.option(0.5, L.Rule(0, 1, low_open=True, high_open=True))  # share of GPU memory for vLLM (the rest is for training)
     # --- optimisation
-    lr: float = 1e-4  # AdamW learning rate, constant after warm-up
-    warmup_steps: int = 0  # linear warm-up over the first optimizer updates (official: 10, first update at lr 0)
-    weight_decay: float = 0.0  # AdamW weight decay
-    grad_clip: float = 1.0  # max global gradient norm
-    train_prompts: int = 32  # at most this many kept groups are trained on per step (not given: follows --gen-prompts down)
-    mini_batch_prompts: int = 4  # prompts per optimizer step (train_prompts / this = optimizer steps per step; not given: follows --gen-prompts down)
-    micro_batch_size: int = 32  # sequences per forward/backward; gradients accumulate over micro-batches
-    micro_batch_tokens: int = 0  # >0: padding-free micro-batches, sequences packed into rows of at most this many tokens (micro_batch_size unused); 0 = padded
-    max_steps: int = 100  # training steps
+    lr: float = L.option(1e-4, L.Rule(0, 1, low_open=True, says="> 0 and at most 1 (an AdamW step moves a weight by about lr)"))  # AdamW learning rate, constant after warm-up
+    warmup_steps: int = L.option(0, AT_LEAST_0)  # linear warm-up over the first optimizer updates (official: 10, first update at lr 0)
+    weight_decay: float = L.option(0.0, L.Rule(0))  # AdamW weight decay
+    grad_clip: float = L.option(1.0, L.Rule(0, low_open=True))  # max global gradient norm
+    train_prompts: int = L.option(32, COUNT)  # at most this many kept groups are trained on per step (not given: follows --gen-prompts down)
+    mini_batch_prompts: int = L.option(4, COUNT)  # prompts per optimizer step (train_prompts / this = optimizer steps per step; not given: follows --gen-prompts down)
+    micro_batch_size: int = L.option(32, COUNT)  # sequences per forward/backward; gradients accumulate over micro-batches
+    micro_batch_tokens: int = L.option(0, AT_LEAST_0)  # >0: padding-free micro-batches, sequences packed into rows of at most this many tokens (micro_batch_size unused); 0 = padded
+    max_steps: int = L.option(100, COUNT)  # training steps
     # --- run folder
     output_dir: str = "runs/tiny"  # config.json, metrics.jsonl, samples.jsonl, checkpoints/, final/, curves.png
     resume: bool = False  # continue from the latest checkpoint in output_dir (from step 0 if there is none)
-    save_every: int = 25  # checkpoint every N steps (and at the end)
-    keep_checkpoints: int = 2  # how many checkpoints to keep
+    save_every: int = L.option(25, COUNT)  # checkpoint every N steps (and at the end)
+    keep_checkpoints: int = L.option(2, COUNT)  # how many checkpoints to keep
     # --- logging
-    eval_every: int = 25  # held-out avg@k (as evaluate.py computes it) every N steps and at the end; 0 = never
+    eval_every: int = L.option(25, AT_LEAST_0)  # held-out avg@k (as evaluate.py computes it) every N steps and at the end; 0 = never
     eval_before_train: bool = True  # also evaluate the starting weights, logged as step 0 (off under --eval-every 0 unless given)
-    log_samples_every: int = 10  # write a few prompts with their completions to samples.jsonl every N steps; 0 = never
+    log_samples_every: int = L.option(10, AT_LEAST_0)  # write a few prompts with their completions to samples.jsonl every N steps; 0 = never
     run_name: str = ""  # name for tensorboard / wandb; empty = the output folder's name
     tensorboard: bool = False  # also log to tensorboard (requirements-logging.txt; the error says how to install it)
     wandb: bool = False  # also log to Weights & Biases (requirements-logging.txt; the error says how to install it)
-
-
-# The values a string flag takes (each shown in --help and checked at start).
-CHOICES = {"precision": ("bf16", "fp32"), "sampler": ("auto", "vllm", "hf"), "rollout_correction": correction.MODES}
 
 
 # A preset sets what its official script sets, and names the algorithm that script runs: `algo_options` apply
@@ -176,49 +175,9 @@ def validate(a: Args) -> list[str]:
         path = getattr(a, name)
         if path.endswith(data.FILE_TYPES) and not os.path.lexists(path):  # a broken link: data.py says how
             problems.append(f"--{name.replace('_', '-')} {path}: no such file")
+    # every field's own Rule, Args' and the loss's alike; then the loss's rules that relate two of its fields
+    problems += [f"--{name.replace('_', '-')}{message[len(name):]}" for name, message in L.field_problems(a)]
     problems += [f"--{name.replace('_', '-')}{message[len(name):]}" for name, message in L.config_problems(a.loss)]
-
-    def check(name, ok, rule):
-        value = getattr(a, name)
-        finite = not isinstance(value, float) or math.isfinite(value)
-        if not finite or not ok(value):
-            problems.append(f"--{name.replace('_', '-')} must be {rule}, got {value}")
-
-    check("lr", lambda v: 0 < v <= 1, "> 0 and at most 1 (an AdamW step moves a weight by about lr)")
-    for name in ("grad_clip", "temperature", "gen_prompts", "train_prompts", "mini_batch_prompts",
-                 "micro_batch_size", "max_prompt_len", "max_response_len", "max_steps", "save_every", "keep_checkpoints"):
-        check(name, lambda v: v > 0, "> 0")
-    for name in ("weight_decay", "warmup_steps", "eval_every", "log_samples_every", "top_k", "min_response_len",
-                 "micro_batch_tokens"):
-        check(name, lambda v: v >= 0, ">= 0")
-    check("n", lambda v: v >= 2, ">= 2 (group-relative advantages need a group)")
-    check("top_p", lambda v: 0 < v <= 1, "in (0, 1]")
-    check("gpu_memory_utilization", lambda v: 0 < v < 1, "in (0, 1)")
-    for name, options in CHOICES.items():
-        check(name, lambda v, options=options: v in options, f"one of {list(options)}{L.did_you_mean(getattr(a, name), options)}")
-    check("rollout_correction_threshold", lambda v: v > 1, "a finite number > 1")
-    # What torch and the samplers can take: the engine seed (numpy's, vLLM's) and counts are 32-bit; logits / temperature
-    # must stay finite in float32 (and bf16); beta1 / beta2 scale the loss, 100 times the paper's 1 at most.
-    check("seed", lambda v: 0 <= v < 2**31, "in [0, 2**31) (the sampler's engine seed is 32-bit)")
-    for f in RUN_FIELDS:
-        if f.type in (int, "int") and f.name != "seed":
-            check(f.name, lambda v: v < 2**31, "below 2**31")
-    check("temperature", lambda v: 0.01 <= v <= 100, "in [0.01, 100] (logits / temperature must stay finite)")
-    for name in ("beta1", "beta2"):
-        value = getattr(a.loss, name)
-        if isinstance(value, (int, float)) and math.isfinite(value) and value > 100:
-            problems.append(f"--{name} must be at most 100 (it scales the loss's gradient; the paper uses 0.5 to 1), got {value}")
-    # Bounds in the dtype the run computes in: a float that float32 rounds to 0 or inf (--tau-pos 1e-46, --kl-coef
-    # 1e39) would be a different setting from the one given, silently.
-    for name, value in flat_flags(a).items():
-        if isinstance(value, float) and math.isfinite(value) and value != 0:
-            try:
-                single = struct.unpack("f", struct.pack("f", value))[0]
-            except OverflowError:
-                single = math.inf
-            if single == 0 or math.isinf(single):
-                problems.append(f"--{name.replace('_', '-')} {value} is {'0' if single == 0 else 'inf'} in float32, the "
-                                f"dtype the run computes in (it holds sizes from 1.4e-45 to 3.4e38)")
     if problems:
         return problems
     if a.min_response_len > a.max_response_len:
@@ -291,8 +250,7 @@ def closest_flag(name: str, names) -> str | None:
     name = name.lstrip("-").replace("-", "_")
     if name in SYNONYMS and SYNONYMS[name] in names:
         return SYNONYMS[name]
-    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
-    return close[0] if close else None
+    return L.closest(name, names)
 
 
 def read_config(path: str, parser) -> tuple[dict, str | None]:
@@ -469,7 +427,7 @@ def add_flags(parser, dataclass_fields, docs, defaults, aliases=None, note=lambd
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name) if hasattr(defaults, f.name) else getattr(defaults.loss, f.name)
         rule = f.metadata.get("rule")
-        options = CHOICES.get(f.name) or (rule.options() if rule is not None else None)
+        options = rule.options() if rule is not None else None
         help_text = f"{doc}{note(f.name)} (default: {default!r})"
         kind = field_type(f)
         if kind is bool:

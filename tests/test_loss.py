@@ -357,6 +357,26 @@ def test_every_field_has_a_rule_and_bad_values_name_the_field():
         assert problems and problems[0][0] == f.name and problems[0][1].startswith(f"{f.name} must be"), (f.name, problems)
 
 
+def test_args_and_loss_fields_are_checked_by_one_mechanism():
+    """train.py's Args declare their ranges as LossConfig does (a Rule beside the field): every number and choice flag
+    has one, field_problems checks both dataclasses alike, and a choice's hint is the same closest-name search."""
+    from cegppo_utils import flags
+    args = flags.resolve("tiny", {})
+    for f in L.fields(flags.Args):
+        if f.name != "loss" and flags.field_type(f) in (int, float) or f.name in ("precision", "sampler"):
+            assert isinstance(f.metadata.get("rule"), L.Rule), f.name
+    assert L.field_problems(args) == [] and L.config_problems(args.loss) == []
+    bad = L.replace(args, lr=0.0, top_k=-1, sampler="vlm", gen_prompts=2**40)
+    assert dict(L.field_problems(bad)) == {
+        "sampler": "sampler must be one of ['auto', 'hf', 'vllm'], got 'vlm'; did you mean 'vllm'?",
+        "top_k": "top_k must be an integer >= 0, got -1",
+        "lr": "lr must be > 0 and at most 1 (an AdamW step moves a weight by about lr), got 0.0",
+        "gen_prompts": "gen_prompts must be below 2**31, got 1099511627776"}
+    assert L.field_problems(L.replace(L.LossConfig(), beta1=150.0)) == [
+        ("beta1", "beta1 must be at most 100 (it scales the loss's gradient; the paper uses 0.5 to 1), got 150.0")]
+    assert L.field_problems(L.replace(L.LossConfig(), tau_pos=1e-46))[0][1].startswith("tau_pos 1e-46 is 0 in float32")
+
+
 def every_region_batch():
     """One fixed batch on which every read field of every loss moves the value: per-response advantages of both signs,
     each sign on rows whose ratios sit mostly well below, around and well above the clip ranges (so GSPO's sequence

@@ -33,6 +33,7 @@ import os
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 import contextlib
+import dataclasses
 import math
 import signal
 import sys
@@ -57,7 +58,7 @@ from cegppo_utils.flags import Args
 def main(args: Args):
     run = start_run(args)  # checks, data, model, optimizer, sampler, resume: everything before the first step
     policy = run.policy
-    if args.eval_before_train and run.loop["step"] == 0:  # the starting weights' score, logged as step 0
+    if args.eval_before_train and run.loop.step == 0:  # the starting weights' score, logged as step 0
         RF.append_jsonl(run.metrics_path, [evaluation_row(run, args, step=0)])
     if run.lost_row:  # resumed from a checkpoint whose step's evaluation never finished: it runs now, as it would have
         RF.append_jsonl(run.metrics_path, [{**run.lost_row, **evaluation_row(run, args, run.lost_row["step"])}])
@@ -80,8 +81,8 @@ def main(args: Args):
         # 6. one optimizer step per mini-batch of kept groups
         if kept:
             cfg = step_loss_config(args.loss, run.loop)  # --adaptive-entropy: this step's coefficient
-            update.update(update_policy(policy, minis, cfg, progress=min(1.0, step / args.max_steps),
-                                        od_state=run.loop["od_state"], step=step))
+            update.update(update_policy(policy, minis, cfg, StepContext(step, min(1.0, step / args.max_steps),
+                                                                        run.loop.od_state)))
             if args.loss.adaptive_entropy:
                 update["entropy_coef"] = cfg.entropy_coef
         update["lr"] = policy.optimizer.param_groups[0]["lr"]
@@ -221,22 +222,30 @@ def old_logprobs(policy, minis: list[MiniBatch], rollout_correction="none", thre
     return correction.correct([m.micro for m in minis], rollout_correction, threshold, policy.device)
 
 
-def step_loss_config(cfg: L.LossConfig, loop: dict) -> L.LossConfig:
+def step_loss_config(cfg: L.LossConfig, loop: LoopState) -> L.LossConfig:
     """The step's objective: cfg, with --adaptive-entropy's coefficient for this step (loss.adaptive_entropy_coef)
     from the controller's state in the loop state (checkpointed, so a resumed run applies what an uninterrupted one
     would)."""
     if not cfg.adaptive_entropy:
         return cfg
-    return L.replace(cfg, entropy_coef=L.adaptive_entropy_coef(cfg, loop.get("entropy_coef", cfg.entropy_coef),
-                                                               loop.get("last_entropy")))
+    coef = cfg.entropy_coef if loop.entropy_coef is None else loop.entropy_coef
+    return L.replace(cfg, entropy_coef=L.adaptive_entropy_coef(cfg, coef, loop.last_entropy))
 
 
-def update_policy(policy, minis: list[MiniBatch], cfg: L.LossConfig, progress=0.0, od_state=0, step=0) -> dict:
+@dataclass(frozen=True)
+class StepContext:
+    """Where the run is, for the losses that depend on it, and for messages."""
+    index: int = 0  # the step, from 0
+    progress: float = 0.0  # k / T in [0, 1], for --dynamic-clip's schedules
+    od_state: int = 0  # --dynamic-clip od: 1 while raising entropy (loss.oscillatory_decay_state)
+
+
+def update_policy(policy, minis: list[MiniBatch], cfg: L.LossConfig, ctx: StepContext = StepContext()) -> dict:
     """6. One optimizer step per mini-batch; the step's metrics as token means over all its tokens (the loss terms:
     their mean over mini-batches), summed over ranks."""
     sums, grad_norms = {}, []
     for mini in minis:
-        mini_sums, grad_norm = optimizer_step(policy, mini, cfg, progress, od_state, step)
+        mini_sums, grad_norm = optimizer_step(policy, mini, cfg, ctx)
         for k, v in mini_sums.items():
             sums[k] = sums.get(k, 0.0) + (v / len(minis) if k in LOSS_TERMS else v)
         grad_norms.append(grad_norm)
@@ -251,7 +260,7 @@ def update_policy(policy, minis: list[MiniBatch], cfg: L.LossConfig, progress=0.
 LOSS_TERMS = ("pg_loss", "entropy_bonus", "positive_lm_loss", "kl_loss")  # reported as their mean over mini-batches
 
 
-def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, progress=0.0, od_state=0, step=0) -> tuple[dict, float]:
+def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, ctx: StepContext = StepContext()) -> tuple[dict, float]:
     """Forward/backward over the mini-batch's micro-batches (gradients accumulate to the mini-batch's exact mean),
     grad clip, AdamW step. Returns the metrics summed over micro-batches (token-weighted; the loss terms as they
     are, which sum to the mini-batch's) and the gradient norm. A non-finite loss, gradient norm or weight stops the
@@ -263,7 +272,7 @@ def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, progress=0.0, od_
             mb.old_logp, mb.old_entropy = logp.detach(), entropy.detach()
         loss, m = L.policy_loss(logp, mb.old_logp, mb.advantages, mb.response_mask, cfg, totals=mini.totals,
                                 entropy=entropy if cfg.entropy_coef or cfg.top_entropy_quantile < 1 else mb.old_entropy,
-                                correct=mb.correct, weights=mb.weights, progress=progress, od_state=od_state,
+                                correct=mb.correct, weights=mb.weights, progress=ctx.progress, od_state=ctx.od_state,
                                 ref_logp=mb.ref_logp)
         if bad_loss is None and not torch.isfinite(loss):
             bad_loss = loss.item()
@@ -275,15 +284,15 @@ def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, progress=0.0, od_
                 sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if k in LOSS_TERMS else tokens)
         sums["_tokens"] = sums.get("_tokens", 0.0) + tokens
     if D.all_reduce([bad_loss is not None], policy.device, op="max")[0]:  # every rank stops, not just one
-        raise FloatingPointError(f"step {step + 1}: the loss is {bad_loss if bad_loss is not None else 'not finite on another rank'}; "
+        raise FloatingPointError(f"step {ctx.index + 1}: the loss is {bad_loss if bad_loss is not None else 'not finite on another rank'}; "
                                  "stopping")
     grad_norm = D.full_tensor(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), policy.grad_clip))
     if not torch.isfinite(grad_norm):
-        raise FloatingPointError(f"step {step + 1}: the gradient norm is {grad_norm.item()}; stopping")
+        raise FloatingPointError(f"step {ctx.index + 1}: the gradient norm is {grad_norm.item()}; stopping")
     policy.optimizer.step()
     policy.optimizer.zero_grad(set_to_none=True)
-    check_finite_parameters(policy.model, policy.device, step)
-    RF.crash_point(f"update:{step + 1}")
+    check_finite_parameters(policy.model, policy.device, ctx.index)
+    RF.crash_point(f"update:{ctx.index + 1}")
     return sums, grad_norm.item()
 
 
@@ -313,19 +322,20 @@ def end_step(run: Run, args, s: Step):
     """7. The oscillatory-decay state, the checkpoint, held-out evaluation, the metrics row and samples."""
     loop, row, done = run.loop, s.row, s.index + 1
     if args.loss.dynamic_clip == "od" and "entropy" in row:
-        loop["initial_entropy"] = loop["initial_entropy"] or row["entropy"]
-        loop["od_state"] = L.oscillatory_decay_state(loop["od_state"], row["entropy"], min(1.0, done / args.max_steps),
-                                                     loop["initial_entropy"], L.DynamicClip(schedule="od"))
-        row["od_state"] = loop["od_state"]
+        loop.initial_entropy = loop.initial_entropy or row["entropy"]
+        loop.od_state = L.oscillatory_decay_state(loop.od_state, row["entropy"], min(1.0, done / args.max_steps),
+                                                  loop.initial_entropy, L.DynamicClip(schedule="od"))
+        row["od_state"] = loop.od_state
     if args.loss.adaptive_entropy and "entropy" in row:  # Skywork-OR1: the coefficient for the next step
-        loop["entropy_coef"] = L.next_entropy_coef(args.loss, loop.get("entropy_coef", args.loss.entropy_coef), row["entropy"])
-        loop["last_entropy"] = row["entropy"]
-    loop["step"] = done
+        coef = args.loss.entropy_coef if loop.entropy_coef is None else loop.entropy_coef
+        loop.entropy_coef = L.next_entropy_coef(args.loss, coef, row["entropy"])
+        loop.last_entropy = row["entropy"]
+    loop.step = done
     if done % args.save_every == 0 or done == args.max_steps:
         # before the evaluation, so a failed one loses no training; the row goes inside, for RF.restore_row
         RF.save_checkpoint(args.output_dir, done, args.keep_checkpoints, run.policy.model, run.tokenizer,
                            run.policy.optimizer, {"scheduler": run.policy.scheduler.state_dict(), "data": run.stream.state(),
-                                                  "loop": loop, "flags": flags.flat_flags(args), "row": dict(row)})
+                                                  "loop": loop.saved(), "flags": flags.flat_flags(args), "row": dict(row)})
     if evaluates_at(args, done):
         row.update(evaluation_row(run, args, done))
     RF.append_jsonl(run.metrics_path, [row])
@@ -401,6 +411,25 @@ def sample_records(s: Step, prompts=2) -> list[dict]:
 
 
 @dataclass
+class LoopState:
+    """What carries from one step to the next besides the weights, the optimizer and the data order; saved in every
+    checkpoint as a plain dict (saved / restored), so a resumed run continues exactly."""
+    step: int = 0  # steps done
+    od_state: int = 0  # --dynamic-clip od: 1 while raising entropy (loss.oscillatory_decay_state)
+    initial_entropy: float | None = None  # --dynamic-clip od: H_init, the first step's mean entropy
+    entropy_coef: float | None = None  # --adaptive-entropy: c_k, the controller's coefficient (None: not yet moved)
+    last_entropy: float | None = None  # --adaptive-entropy: e_{k-1}, the previous step's mean entropy
+
+    def saved(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def restored(cls, saved: dict) -> LoopState:
+        """From a checkpoint's dict; older checkpoints left out the controller's keys until it first moved."""
+        return cls(**{f.name: saved[f.name] for f in dataclasses.fields(cls) if f.name in saved})
+
+
+@dataclass
 class Run:
     """What the loop holds between steps."""
     policy: "Policy"
@@ -408,7 +437,7 @@ class Run:
     sampler: object
     stream: data.PromptStream
     eval_rows: list
-    loop: dict  # step, and the oscillatory-decay state of --dynamic-clip od (checkpointed)
+    loop: LoopState  # what carries from step to step besides the weights (checkpointed)
     loggers: list
     bar: object  # the progress bar over the remaining steps
     device: torch.device
@@ -440,13 +469,13 @@ def start_run(args) -> Run:
     lost = lost if lost and evaluates_at(args, lost["step"]) else None
     RF.begin(args.output_dir, args.resume, resume_from, flags.flat_flags(args), info, log, restore=lost is None)
     stream = data.PromptStream(rows, args.seed)
-    loop = {"od_state": 0, "initial_entropy": None, "step": 0}
+    loop = LoopState()
     if resume_from:
         state = RF.load_checkpoint(resume_from, policy.model, policy.optimizer)
         policy.scheduler.load_state_dict(state["scheduler"])
         stream.restore(state["data"])
-        loop = state["loop"]
-        log(f"resumed from {resume_from} at step {loop['step']} (saved by {state.get('world_size', 1)} rank(s), now {world})")
+        loop = LoopState.restored(state["loop"])
+        log(f"resumed from {resume_from} at step {loop.step} (saved by {state.get('world_size', 1)} rank(s), now {world})")
     sampler = rollout.make_sampler(
         args.sampler, model_path, model=policy.model, tokenizer=tokenizer,
         **({} if args.sampler == "hf" else dict(
@@ -455,10 +484,10 @@ def start_run(args) -> Run:
     log(f"sampler: {type(sampler).__name__}; device: {device}; ranks: {world}; model: {model_path}; "
         f"{len(rows)} training rows; algorithm {args.loss.algo}")
     loggers = RF.open_loggers(args.output_dir, args.run_name, args.tensorboard, args.wandb, flags.flat_flags(args)) if D.is_main() else []
-    bar = tqdm(range(loop["step"], args.max_steps), initial=loop["step"], total=args.max_steps, desc="train",
+    bar = tqdm(range(loop.step, args.max_steps), initial=loop.step, total=args.max_steps, desc="train",
                dynamic_ncols=True, disable=not D.is_main())
     return Run(policy, tokenizer, sampler, stream, eval_rows, loop, loggers, bar, device,
-               os.path.join(args.output_dir, "metrics.jsonl"), log, loop["step"], settings, lost)
+               os.path.join(args.output_dir, "metrics.jsonl"), log, loop.step, settings, lost)
 
 
 @dataclass

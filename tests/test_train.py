@@ -119,6 +119,18 @@ def test_kl_penalty_and_adaptive_entropy_run_and_resume_exactly(tmp_path, tiny_m
         torch.testing.assert_close(v, want[k], rtol=1e-5, atol=1e-6)
 
 
+def test_loop_state_round_trips_and_reads_an_older_checkpoint():
+    """The loop state is saved as a plain dict; a checkpoint written before the adaptive-entropy controller first
+    moved (no entropy_coef / last_entropy keys) restores to the controller's start."""
+    state = train.LoopState(step=7, od_state=1, initial_entropy=0.12, entropy_coef=0.005, last_entropy=0.19)
+    assert train.LoopState.restored(state.saved()) == state
+    assert train.LoopState.restored({"od_state": 0, "initial_entropy": None, "step": 3}) == train.LoopState(step=3)
+    args = parse_train_args(["--adaptive-entropy", "--entropy-coef", "0.01"])
+    assert train.step_loss_config(args.loss, train.LoopState()).entropy_coef == 0.0  # no e_{k-1} before step 1
+    assert train.step_loss_config(args.loss, train.LoopState(entropy_coef=0.02, last_entropy=0.1)).entropy_coef == 0.02
+    assert train.step_loss_config(args.loss, train.LoopState(last_entropy=0.1)).entropy_coef == 0.01  # c_0
+
+
 def test_refuses_to_overwrite_a_run(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     with pytest.raises(SystemExit, match="pass --resume"):

@@ -596,13 +596,13 @@ def test_a_stale_sampler_stops_the_run_with_one_line(sampler, tmp_path, tiny_mod
 
 @pytest.mark.slow
 def test_the_quick_command_tells_the_objectives_apart(tiny_model_path):
-    """README's quick run (`--gen-prompts 8`) keeps the preset's optimizer steps per rollout batch: mini-batches of 1
+    """README's quick run (`--gen-prompts 8 --max-steps 25`) keeps the preset's optimizer steps per rollout batch: mini-batches of 1
     prompt, so after the first the update is off-policy and GRPO, GSPO, SAPO and CE-GPPO move the weights differently
     (with one on-policy mini-batch they share a gradient, and their runs were bit-identical)."""
     import random
 
     from transformers import AutoModelForCausalLM
-    quick = parse_train_args(["--gen-prompts", "8"])
+    quick = parse_train_args(["--gen-prompts", "8", "--max-steps", "25"])
     assert (quick.gen_prompts, quick.train_prompts, quick.mini_batch_prompts, quick.micro_batch_size) == (8, 8, 1, 8)
     assert parse_train_args(["--preset", "sums", "--gen-prompts", "8"]).mini_batch_prompts == 1  # 2 x 8 / 32 -> 1
     rng = random.Random(0)
@@ -610,7 +610,7 @@ def test_the_quick_command_tells_the_objectives_apart(tiny_model_path):
                 "advantage": rng.gauss(0, 1), "correct": rng.random() < 0.5} for _ in range(quick.n)] for _ in range(3)]
     moved = {}
     for algo in ("grpo", "gspo", "sapo", "ce_gppo"):
-        args = parse_train_args(["--gen-prompts", "8", "--algo", algo])
+        args = parse_train_args(["--gen-prompts", "8", "--max-steps", "25", "--algo", algo])
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)

@@ -37,6 +37,7 @@ import sys
 import time
 from collections import Counter
 
+import loss as L
 from cegppo_utils import data, heldout
 from cegppo_utils.data import UserError
 from cegppo_utils.flags import HelpFormatter
@@ -62,7 +63,7 @@ PAPER = {
     },
 }
 PAPER_K = dict(aime24=32, aime25=32, hmmt25=32, math500=4, amc23=32)
-DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")  # what vLLM's --dtype takes: checked before it starts
+DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")  # vLLM's --dtype values: checked before it starts
 # --- metrics ------------------------------------------------------------------------------------
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -148,7 +149,8 @@ def evaluate(sampler, tokenizer, problems, *, k, temperature, top_p, max_tokens,
     verdicts = vote_verdicts(vote_lists, [p["answer"] for p in problems])
     records = []
     for p, group, correct in zip(problems, groups, correct_lists):
-        record = {"id": p["id"], "answer": p["answer"], "correct": correct, "truncated": [not c.finished for c in group]}
+        record = {"id": p["id"], "answer": p["answer"], "correct": correct,
+                  "truncated": [not c.finished for c in group]}
         if keep_responses:
             record["responses"] = [c.text for c in group]
         records.append(record)
@@ -173,7 +175,8 @@ def markdown_table(results: dict, compare: str | None) -> str:
         lines.append(f"| {results['settings']['model']} ({label}) | " + " | ".join(cells) + " |")
     lines.append("| (ours: samples per problem, problems) | " + " | ".join(ours(b) for b in names) + " |")
     for method, row in (PAPER.get(compare) or {}).items():
-        lines.append(f"| paper: {compare} {method} (avg@{'/'.join(sorted({str(PAPER_K[b]) for b in names if b in PAPER_K})) or '-'}) | "
+        ks = "/".join(sorted({str(PAPER_K[b]) for b in names if b in PAPER_K})) or "-"
+        lines.append(f"| paper: {compare} {method} (avg@{ks}) | "
                      + " | ".join(f"{row[b]:.1f}" if b in row else "-" for b in names) + " |")
     return "\n".join(lines)
 
@@ -197,21 +200,30 @@ def check_fit(problems, tokenizer, max_tokens, context, benchmark, skip_long):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="evaluate.py", description=__doc__, formatter_class=HelpFormatter)
     parser.error = lambda message: parser.exit(2, f"evaluate.py: error: {message}\n")  # one line
-    parser.add_argument("--model", required=True, help="HF hub id or local path; 'tiny' (or 'tiny:<task>') for the project's tiny model")
+    parser.add_argument("--model", required=True,
+                        help="HF hub id or local path; 'tiny' (or 'tiny:<task>') for the project's tiny model")
     parser.add_argument("--benchmarks", default="aime24,aime25,hmmt25,math500,amc23",
-                        help=f"comma-separated names from {sorted(data.BENCHMARKS) + data.task_names()}, or data file paths "
-                             "(.json/.jsonl/.parquet with problem/answer, or the KlearReasoner layout)")
-    parser.add_argument("--k", type=int, default=None, help="samples per problem for every benchmark (default: the paper's per benchmark; 8 for files)")
-    parser.add_argument("--temperature", type=float, default=TEMPERATURE, help="sampling temperature (official validation: 0.6)")
+                        help=f"comma-separated names from {sorted(data.BENCHMARKS) + data.task_names()}, or data "
+                             "file paths (.json/.jsonl/.parquet with problem/answer, or the KlearReasoner layout)")
+    parser.add_argument("--k", type=int, default=None,
+                        help="samples per problem for every benchmark (default: the paper's for each, 8 for files)")
+    parser.add_argument("--temperature", type=float, default=TEMPERATURE,
+                        help="sampling temperature (official validation: 0.6)")
     parser.add_argument("--top-p", type=float, default=TOP_P, help="nucleus sampling (official validation: 0.95)")
-    parser.add_argument("--max-tokens", type=int, default=None, help="response budget for every benchmark (default: 32k AIME, 16k others)")
-    parser.add_argument("--data-dir", default=None, help="read the named benchmarks from local files in their public layouts instead of the hub")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N problems of each benchmark (quick checks)")
-    parser.add_argument("--skip-long", action="store_true", help="leave out (and record) problems whose prompt + max tokens exceed the model's context")
-    parser.add_argument("--output", default="results.json", help="where to write the JSON results (an existing file needs --overwrite)")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="response budget for every benchmark (default: 32k AIME, 16k others)")
+    parser.add_argument("--data-dir", default=None,
+                        help="read the named benchmarks from local files in their public layouts instead of the hub")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="only the first N problems of each benchmark (quick checks)")
+    parser.add_argument("--skip-long", action="store_true",
+                        help="leave out (and record) problems whose prompt + max tokens exceed the model's context")
+    parser.add_argument("--output", default="results.json",
+                        help="where to write the JSON results (an existing file needs --overwrite)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     parser.add_argument("--responses", action="store_true", help="also store every response text in the JSON")
-    parser.add_argument("--compare", default=None, choices=sorted(PAPER), help="add the paper's rows for this model to the table")
+    parser.add_argument("--compare", default=None, choices=sorted(PAPER),
+                        help="add the paper's rows for this model to the table")
     parser.add_argument("--sampler", default="auto", choices=["auto", "vllm", "hf"], help="sampling backend")
     parser.add_argument("--dtype", default="auto", choices=DTYPES, help="model dtype for vLLM")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -219,16 +231,17 @@ def parse_args(argv=None):
     args.benchmarks = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
     # Upper bounds are what torch and the samplers take (torch.manual_seed takes 64 bits; the vLLM engine's own
     # seed, 32, gets seed mod 2**32, so train.py's eval_seed reproduces; a temperature below 0.01 divides logits
-    # into inf in float32 with HF generate).
-    for name, value, ok, rule in (("--k", args.k, lambda v: 1 <= v <= 2**16, ">= 1 and at most 65536"),
-                                  ("--limit", args.limit, lambda v: 1 <= v < 2**31, ">= 1 and below 2**31"),
-                                  ("--max-tokens", args.max_tokens, lambda v: 1 <= v < 2**31, ">= 1 and below 2**31"),
-                                  ("--temperature", args.temperature, lambda v: math.isfinite(v) and (v == 0 or 0.01 <= v <= 100),
-                                   "0 (greedy) or in [0.01, 100]"),
-                                  ("--top-p", args.top_p, lambda v: 0 < v <= 1, "in (0, 1]"),
-                                  ("--seed", args.seed, lambda v: 0 <= v < 2**63, "in [0, 2**63)")):
-        if value is not None and not ok(value):
-            parser.error(f"{name} must be {rule}, got {value}")
+    # into inf in float32 with HF generate). Checked as train.py's flags are: loss.Rule.
+    rules = {"k": L.Rule(1, 2**16, integer=True, says=">= 1 and at most 65536"),
+             "limit": L.Rule(1, 2**31, high_open=True, integer=True, says=">= 1 and below 2**31"),
+             "max_tokens": L.Rule(1, 2**31, high_open=True, integer=True, says=">= 1 and below 2**31"),
+             "temperature": L.Rule(0.01, 100, also=(0,), says="0 (greedy) or in [0.01, 100]"),
+             "top_p": L.Rule(0, 1, low_open=True),
+             "seed": L.Rule(0, 2**63, high_open=True, integer=True, says="in [0, 2**63)")}
+    for name, rule in rules.items():
+        problem = rule.problem("--" + name.replace("_", "-"), getattr(args, name))
+        if getattr(args, name) is not None and problem:
+            parser.error(problem)
     if os.path.isfile(args.output) and not args.overwrite:
         parser.error(f"--output {args.output} exists; pass --overwrite to replace it, or choose another file")
     unknown = [b for b in args.benchmarks if not data.is_benchmark(b)]
@@ -242,7 +255,8 @@ def main(argv=None):
     args = parse_args(argv)
     out_dir = os.path.dirname(os.path.abspath(args.output))
     if os.path.isdir(args.output):  # found now, not after every benchmark has been sampled
-        raise UserError(f"--output {args.output} is a folder; name a file, e.g. {os.path.join(args.output, 'results.json')}")
+        raise UserError(f"--output {args.output} is a folder; name a file, "
+                        f"e.g. {os.path.join(args.output, 'results.json')}")
     if os.path.lexists(args.output) and not os.path.isfile(args.output):
         raise UserError(f"--output {args.output} exists and is not a regular file")
     if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
@@ -269,7 +283,8 @@ def main(argv=None):
         context = AutoConfig.from_pretrained(model_path).max_position_embeddings
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # an unknown model_type, a broken file
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-        raise UserError(f"--model {args.model}: cannot load its tokenizer and config ({type(e).__name__}: {first})") from None
+        raise UserError(f"--model {args.model}: cannot load its tokenizer and config "
+                        f"({type(e).__name__}: {first})") from None
     plan = {}  # benchmark -> (problems that fit, skipped ids, longest prompt, k, max tokens)
     for b in args.benchmarks:
         settings = heldout.sampling_settings(b)
@@ -286,9 +301,10 @@ def main(argv=None):
         sampler = rollout.make_sampler("hf", model_path, model=model, tokenizer=tokenizer)
     else:
         need = max(longest + budget for _, _, longest, _, budget in plan.values())
-        sampler = rollout.make_sampler("vllm", model_path, tokenizer=tokenizer, dtype=args.dtype, seed=args.seed % 2**32,
-                                       max_model_len=min(need, context), gpu_memory_utilization=0.9,
-                                       enable_sleep_mode=False)  # nothing trains beside it: its memory is never freed
+        # nothing trains beside it: enable_sleep_mode off, its memory is never freed
+        sampler = rollout.make_sampler("vllm", model_path, tokenizer=tokenizer, dtype=args.dtype,
+                                       seed=args.seed % 2**32, max_model_len=min(need, context),
+                                       gpu_memory_utilization=0.9, enable_sleep_mode=False)
     results = {"settings": {"model": args.model, "model_path": model_path, "temperature": args.temperature,
                             "top_p": args.top_p, "seed": args.seed, "sampler": type(sampler).__name__,
                             "data": args.data_dir or "hub", "limit": args.limit, "context": context},

@@ -146,14 +146,17 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     if problems:
         raise ValueError(problems[0][1])
     if logp.dim() != 2 or old_logp.shape != logp.shape or mask.shape != logp.shape:
-        raise ValueError(f"logp, old_logp and mask must all be [batch, T]; got {tuple(logp.shape)}, {tuple(old_logp.shape)}, {tuple(mask.shape)}")
+        raise ValueError(f"logp, old_logp and mask must all be [batch, T]; got {tuple(logp.shape)}, "
+                         f"{tuple(old_logp.shape)}, {tuple(mask.shape)}")
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
     if advantages.shape not in ((logp.shape[0], 1), logp.shape):
-        raise ValueError(f"advantages must be [batch, 1] or [batch, T] = {tuple(logp.shape)}, got {tuple(advantages.shape)}")
+        raise ValueError(f"advantages must be [batch, 1] or [batch, T] = {tuple(logp.shape)}, "
+                         f"got {tuple(advantages.shape)}")
     eps_low, eps_high = cfg.eps_low, cfg.eps_high
     if cfg.dynamic_clip != "none":
-        eps_low, eps_high = dynamic_clip_eps(logp.detach().exp(), DynamicClip(schedule=cfg.dynamic_clip), progress, od_state)
+        schedule = DynamicClip(schedule=cfg.dynamic_clip)
+        eps_low, eps_high = dynamic_clip_eps(logp.detach().exp(), schedule, progress, od_state)
 
     mask = mask.to(logp.dtype)
     # 0 on padding: its ratio is exactly 1 there (inside every interval, never dual-clipped), so the metrics need no
@@ -194,7 +197,8 @@ def _extra_terms(pg_loss, logp, mask, cfg, totals, entropy, correct, ref_logp):
     if cfg.kl_coef:  # GRPO Eq. 3: - beta D_KL(pi_theta || pi_ref), aggregated like the policy term (verl's kl_loss)
         if ref_logp is None or ref_logp.shape != logp.shape:
             raise ValueError("kl_coef needs the reference model's log-probs of the same tokens (ref_logp=...)")
-        kl = aggregate(kl_estimate(logp, ref_logp, cfg.kl_estimator, mask), mask, cfg.loss_agg_mode, totals, cfg.norm_len)
+        per_token = kl_estimate(logp, ref_logp, cfg.kl_estimator, mask)
+        kl = aggregate(per_token, mask, cfg.loss_agg_mode, totals, cfg.norm_len)
         loss, terms["kl_loss"] = loss + cfg.kl_coef * kl, kl
     return loss, terms
 
@@ -254,7 +258,8 @@ def _metrics(logp, log_ratio, adv, mask, ratio, extra, eps_low, eps_high, entrop
     rows_above = torch.count_nonzero(ratio > 1 + eps_high, dim=-1)
     if adv.shape[-1] == 1:  # one advantage per response: the counts per row, by the row's sign
         neg, pos = adv[:, 0] < 0, adv[:, 0] > 0
-        low_neg, high_pos, low_pos, high_neg = rows_below[neg].sum(), rows_above[pos].sum(), rows_below[pos].sum(), rows_above[neg].sum()
+        low_neg, high_pos = rows_below[neg].sum(), rows_above[pos].sum()
+        low_pos, high_neg = rows_below[pos].sum(), rows_above[neg].sum()
     else:
         below, above = ratio < 1 - eps_low, ratio > 1 + eps_high
         low_neg, high_pos = torch.count_nonzero(below & (adv < 0)), torch.count_nonzero(above & (adv > 0))
@@ -339,7 +344,8 @@ def sapo_token_loss(t: Tokens, cfg: LossConfig):
     tokens decay faster (the paper: negative updates spread over the vocabulary and destabilise training).
     """
     ratio = torch.exp(t.log_ratio)
-    tau = torch.where(t.adv > 0, ratio.new_tensor(cfg.tau_pos), ratio.new_tensor(cfg.tau_neg))  # in the loss's dtype: 1.05 is not a float32
+    # tau in the loss's dtype: 1.05 is not a float32
+    tau = torch.where(t.adv > 0, ratio.new_tensor(cfg.tau_pos), ratio.new_tensor(cfg.tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1)) * (4 / tau)
     return -gate * t.adv, ratio.detach(), {}
 
@@ -411,44 +417,63 @@ _CLIP = ("eps_low", "eps_high", "loss_agg_mode")
 # Add a new algorithm here: one per-token loss function and one entry.
 ALGORITHMS = {
     # CE-GPPO: symmetric 0.2 (no clip-higher), dual clip 10, token-mean, the paper's recommended (0.5, 1) for 1.5B
-    "ce_gppo": Algorithm(ce_gppo_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="token-mean",
-                                                  beta1=0.5, beta2=1.0), _CLIP + ("beta1", "beta2", "clip_ratio_c"),
-                         "arXiv 2509.20712 Eq. 8", "the table above, then dual clip", proportional_to_advantage=True),
-    "gppo": Algorithm(gppo_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="token-mean"),
-                      _CLIP + ("clip_ratio_c",), "arXiv 2508.07629", "`ce_gppo` with `beta1 = beta2 = 1`",
-                      proportional_to_advantage=True),
+    "ce_gppo": Algorithm(
+        ce_gppo_token_loss,
+        dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="token-mean", beta1=0.5, beta2=1.0),
+        reads=_CLIP + ("beta1", "beta2", "clip_ratio_c"),
+        paper="arXiv 2509.20712 Eq. 8", objective="the table above, then dual clip", proportional_to_advantage=True),
+    "gppo": Algorithm(
+        gppo_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="token-mean"),
+        reads=_CLIP + ("clip_ratio_c",),
+        paper="arXiv 2508.07629", objective="`ce_gppo` with `beta1 = beta2 = 1`", proportional_to_advantage=True),
     # GRPO Eq. 3 averages per response
-    "grpo": Algorithm(ppo_clip_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="seq-mean-token-mean"),
-                      _CLIP + ("clip_ratio_c",), "arXiv 2402.03300 Eq. 3",
-                      "PPO-clip `max(-d A, -clip(d) A)`, then dual clip", proportional_to_advantage=True),
+    "grpo": Algorithm(
+        ppo_clip_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="seq-mean-token-mean"),
+        reads=_CLIP + ("clip_ratio_c",),
+        paper="arXiv 2402.03300 Eq. 3", objective="PPO-clip `max(-d A, -clip(d) A)`, then dual clip",
+        proportional_to_advantage=True),
     # DAPO: clip-higher + token-mean
-    "dapo": Algorithm(ppo_clip_token_loss, dict(eps_low=0.2, eps_high=0.28, clip_ratio_c=10.0, loss_agg_mode="token-mean"),
-                      _CLIP + ("clip_ratio_c",), "arXiv 2503.14476", "PPO-clip with clip-higher, then dual clip",
-                      proportional_to_advantage=True),
+    "dapo": Algorithm(
+        ppo_clip_token_loss, dict(eps_low=0.2, eps_high=0.28, clip_ratio_c=10.0, loss_agg_mode="token-mean"),
+        reads=_CLIP + ("clip_ratio_c",),
+        paper="arXiv 2503.14476", objective="PPO-clip with clip-higher, then dual clip",
+        proportional_to_advantage=True),
     # CISPO: no lower bound; 0.28 is a common upper choice (MiniMax did not publish theirs; unverified for the paper)
-    "cispo": Algorithm(cispo_token_loss, dict(eps_low=1.0, eps_high=0.28, clip_ratio_c=0.0, loss_agg_mode="token-mean"),
-                       _CLIP, "arXiv 2506.13585", "`-sg(clip(d, 1 - eps_low, 1 + eps_high)) A log pi`",
-                       dynamic_clip=False, proportional_to_advantage=True),
+    "cispo": Algorithm(
+        cispo_token_loss, dict(eps_low=1.0, eps_high=0.28, clip_ratio_c=0.0, loss_agg_mode="token-mean"),
+        reads=_CLIP,
+        paper="arXiv 2506.13585", objective="`-sg(clip(d, 1 - eps_low, 1 + eps_high)) A log pi`",
+        dynamic_clip=False, proportional_to_advantage=True),
     # GSPO paper (v2) §5.1 ranges, sequence-level
-    "gspo": Algorithm(gspo_token_loss, dict(eps_low=3e-4, eps_high=4e-4, clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-mean"),
-                      _CLIP, "arXiv 2507.18071", "GSPO-token: sequence ratio `s = exp(mean_t log d)`, clipped per sequence",
-                      dynamic_clip=False, proportional_to_advantage=True),
+    "gspo": Algorithm(
+        gspo_token_loss, dict(eps_low=3e-4, eps_high=4e-4, clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-mean"),
+        reads=_CLIP,
+        paper="arXiv 2507.18071",
+        objective="GSPO-token: sequence ratio `s = exp(mean_t log d)`, clipped per sequence",
+        dynamic_clip=False, proportional_to_advantage=True),
     # SAPO: verl and TRL aggregate per response (seq-mean-token-mean) and apply no clip and no dual clip
-    "sapo": Algorithm(sapo_token_loss, dict(clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-mean", tau_pos=1.0, tau_neg=1.05),
-                      ("loss_agg_mode", "tau_pos", "tau_neg"), "arXiv 2511.20347",
-                      "`-sigmoid(tau (d - 1)) 4 / tau * A`, `tau = tau_pos` if `A > 0` else `tau_neg`",
-                      dynamic_clip=False, proportional_to_advantage=True),
+    "sapo": Algorithm(
+        sapo_token_loss, dict(clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-mean", tau_pos=1.0, tau_neg=1.05),
+        reads=("loss_agg_mode", "tau_pos", "tau_neg"),
+        paper="arXiv 2511.20347",
+        objective="`-sigmoid(tau (d - 1)) 4 / tau * A`, `tau = tau_pos` if `A > 0` else `tau_neg`",
+        dynamic_clip=False, proportional_to_advantage=True),
     # Clip-Cov: the paper's and verl's r = 2e-4, bounds (1, 5), PPO-clip range 0.2, token-mean, no dual clip
-    "clip_cov": Algorithm(clip_cov_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=0.0, loss_agg_mode="token-mean",
-                                                    clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0),
-                          _CLIP + ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"), "arXiv 2505.22617 (Clip-Cov)",
-                          "PPO-clip; no gradient for `clip_cov_ratio` of the tokens with `Cov` in `(lb, ub)`, drawn at random",
-                          dynamic_clip=False),
+    "clip_cov": Algorithm(
+        clip_cov_token_loss,
+        dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=0.0, loss_agg_mode="token-mean", clip_cov_ratio=2e-4,
+             clip_cov_lb=1.0, clip_cov_ub=5.0),
+        reads=_CLIP + ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"),
+        paper="arXiv 2505.22617 (Clip-Cov)",
+        objective="PPO-clip; no gradient for `clip_cov_ratio` of the tokens with `Cov` in `(lb, ub)`, drawn at random",
+        dynamic_clip=False),
     # KL-Cov: the paper's 7B run (k = 2e-3, coefficient 1); verl's yaml defaults are 2e-4 and 0.1
-    "kl_cov": Algorithm(kl_cov_token_loss, dict(clip_ratio_c=0.0, loss_agg_mode="token-mean", kl_cov_ratio=2e-3, kl_cov_coef=1.0),
-                        ("loss_agg_mode", "kl_cov_ratio", "kl_cov_coef"), "arXiv 2505.22617 (KL-Cov)",
-                        "`-d A`, plus `kl_cov_coef * abs(log d)` on the `kl_cov_ratio` of tokens with the largest `Cov`",
-                        dynamic_clip=False),
+    "kl_cov": Algorithm(
+        kl_cov_token_loss, dict(clip_ratio_c=0.0, loss_agg_mode="token-mean", kl_cov_ratio=2e-3, kl_cov_coef=1.0),
+        reads=("loss_agg_mode", "kl_cov_ratio", "kl_cov_coef"),
+        paper="arXiv 2505.22617 (KL-Cov)",
+        objective="`-d A`, plus `kl_cov_coef * abs(log d)` on the `kl_cov_ratio` of tokens with the largest `Cov`",
+        dynamic_clip=False),
 }
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -500,7 +525,8 @@ def group_advantages(rewards: torch.Tensor, group_size: int, *, scale_by_std: bo
     if group_size < 2:
         raise ValueError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
     if rewards.dim() != 1 or rewards.numel() % group_size:
-        raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries, got shape {tuple(rewards.shape)}")
+        raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries, "
+                         f"got shape {tuple(rewards.shape)}")
     r = rewards.float().view(-1, group_size)
     adv = r - r.mean(dim=1, keepdim=True)
     if scale_by_std:
@@ -520,8 +546,9 @@ class Rule(NamedTuple):
     high: float | None = None  # upper bound
     low_open: bool = False  # the lower bound excluded: > low instead of >= low
     high_open: bool = False  # the upper bound excluded: < high instead of <= high
-    integer: bool = False  # whole numbers only, and below 2**31 (what torch and the samplers take)
+    integer: bool = False  # whole numbers only, and below 2**31 (what torch and the samplers take) unless high says
     choices: tuple | dict | None = None  # the allowed values (of a dict: its keys)
+    also: tuple = ()  # values allowed outside the range (temperature 0: greedy)
     says: str = ""  # the range in words, where the bounds alone would not say why
     cap: float | None = None  # a sanity limit above an open-ended range, said with its reason:
     cap_says: str = ""  # "at most {cap} ({cap_says})"
@@ -546,13 +573,15 @@ class Rule(NamedTuple):
             return None if value in self.options() else f"{name} must be {self.text()}, got {value!r}" + \
                 did_you_mean(value, self.options())
         number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+        if number and value in self.also:
+            return None
         if (not number or (self.integer and not isinstance(value, int))
                 or (self.low is not None and (value < self.low or (self.low_open and value == self.low)))
                 or (self.high is not None and (value > self.high or (self.high_open and value == self.high)))):
             return f"{name} must be {self.text()}, got {value!r}"
         if self.cap is not None and value > self.cap:
             return f"{name} must be at most {self.cap:g} ({self.cap_says}), got {value!r}"
-        if self.integer and value >= 2**31:
+        if self.integer and self.high is None and value >= 2**31:
             return f"{name} must be below 2**31, got {value!r}"
         return None
 
@@ -568,8 +597,8 @@ def field_problems(settings) -> list[tuple[str, str]]:
         if message is None and isinstance(value, float) and math.isfinite(value) and value != 0:
             single = _as_float32(value)
             if single == 0 or math.isinf(single):
-                message = (f"{f.name} {value} is {'0' if single == 0 else 'inf'} in float32, the dtype the run computes "
-                           "in (it holds sizes from 1.4e-45 to 3.4e38)")
+                message = (f"{f.name} {value} is {'0' if single == 0 else 'inf'} in float32, the dtype the run "
+                           "computes in (it holds sizes from 1.4e-45 to 3.4e38)")
         if message is not None:
             problems.append((f.name, message))
     return problems
@@ -639,16 +668,17 @@ def config_problems(cfg: LossConfig) -> list[tuple[str, str]]:
     problems = field_problems(cfg)
     bad = {name for name, _ in problems}
     if not bad & {"clip_ratio_c", "eps_high"} and cfg.clip_ratio_c and cfg.clip_ratio_c <= 1 + cfg.eps_high:
-        problems.append(("clip_ratio_c", f"clip_ratio_c must exceed 1 + eps_high = {1 + cfg.eps_high} (or be 0 to disable), "
-                                         f"got {cfg.clip_ratio_c!r}"))
+        problems.append(("clip_ratio_c", f"clip_ratio_c must exceed 1 + eps_high = {1 + cfg.eps_high} (or be 0 to "
+                                         f"disable), got {cfg.clip_ratio_c!r}"))
     if not bad & {"algo", "dynamic_clip"} and cfg.dynamic_clip != "none" and not ALGORITHMS[cfg.algo].dynamic_clip:
         problems.append(("dynamic_clip", f"dynamic_clip does not apply to {cfg.algo}: dynamic clipping applies to "
                                          f"{[a for a, s in ALGORITHMS.items() if s.dynamic_clip]}"))
     if not bad & {"clip_cov_lb", "clip_cov_ub"} and cfg.clip_cov_lb >= cfg.clip_cov_ub:
-        problems.append(("clip_cov_lb", f"clip_cov_lb must be below clip_cov_ub = {cfg.clip_cov_ub}, got {cfg.clip_cov_lb!r}"))
+        problems.append(("clip_cov_lb", f"clip_cov_lb must be below clip_cov_ub = {cfg.clip_cov_ub}, "
+                                        f"got {cfg.clip_cov_lb!r}"))
     if not bad & {"entropy_coef_min", "entropy_coef_max"} and cfg.entropy_coef_min > cfg.entropy_coef_max:
-        problems.append(("entropy_coef_min", f"entropy_coef_min must be at most entropy_coef_max = {cfg.entropy_coef_max}, "
-                                             f"got {cfg.entropy_coef_min!r}"))
+        problems.append(("entropy_coef_min", f"entropy_coef_min must be at most entropy_coef_max = "
+                                             f"{cfg.entropy_coef_max}, got {cfg.entropy_coef_min!r}"))
     return problems
 
 
@@ -730,7 +760,8 @@ def dynamic_clip_eps(prob: torch.Tensor, dc: DynamicClip, progress: float, od_st
     return (1 + lam) * lower_threshold(prob, dc) - lam * dc.eps_std, upper_threshold(prob, dc)
 
 
-def oscillatory_decay_state(state: int, entropy: float, progress: float, initial_entropy: float, dc: DynamicClip) -> int:
+def oscillatory_decay_state(state: int, entropy: float, progress: float, initial_entropy: float,
+                            dc: DynamicClip) -> int:
     """Hysteresis switch of the oscillatory-decay schedule; call once per step with the current entropy.
 
     H_min = od_floor * H_init, tau_high(k) = H_min + (H_init - H_min)(1 - k/T): switch to state 1

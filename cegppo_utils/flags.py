@@ -181,20 +181,24 @@ def validate(a: Args) -> list[str]:
     if problems:
         return problems
     if a.min_response_len > a.max_response_len:
-        problems.append(f"--min-response-len ({a.min_response_len}) cannot exceed --max-response-len ({a.max_response_len})")
+        problems.append(f"--min-response-len ({a.min_response_len}) cannot exceed --max-response-len "
+                        f"({a.max_response_len})")
     if a.train_prompts > a.gen_prompts:
         problems.append(f"--train-prompts ({a.train_prompts}) cannot exceed --gen-prompts ({a.gen_prompts})")
     if a.train_prompts % a.mini_batch_prompts:
-        problems.append(f"--train-prompts ({a.train_prompts}) must be a multiple of --mini-batch-prompts ({a.mini_batch_prompts})")
+        problems.append(f"--train-prompts ({a.train_prompts}) must be a multiple of --mini-batch-prompts "
+                        f"({a.mini_batch_prompts})")
     if (a.mini_batch_prompts * a.n) % a.micro_batch_size:
-        problems.append(f"--micro-batch-size ({a.micro_batch_size}) must divide mini-batch-prompts x n = {a.mini_batch_prompts * a.n}")
+        problems.append(f"--micro-batch-size ({a.micro_batch_size}) must divide mini-batch-prompts x n = "
+                        f"{a.mini_batch_prompts * a.n}")
     if 0 < a.micro_batch_tokens < a.max_prompt_len + a.max_response_len:
-        problems.append(f"--micro-batch-tokens ({a.micro_batch_tokens}) must hold the longest sequence, max-prompt-len + "
-                        f"max-response-len = {a.max_prompt_len + a.max_response_len} (or be 0: padded micro-batches)")
+        problems.append(f"--micro-batch-tokens ({a.micro_batch_tokens}) must hold the longest sequence, "
+                        f"max-prompt-len + max-response-len = {a.max_prompt_len + a.max_response_len} (or be 0: "
+                        "padded micro-batches)")
     if (a.eval_every or a.eval_before_train) and not a.eval_data:  # --eval-every 0 turns both off (resolve)
         asked = f"--eval-every {a.eval_every}" if a.eval_every else "--eval-before-train"
-        problems.append(f"{asked} needs --eval-data (a benchmark name or file) for --train-data {a.train_data}; or pass "
-                        f"{'--eval-every 0' if a.eval_every else '--no-eval-before-train'}")
+        problems.append(f"{asked} needs --eval-data (a benchmark name or file) for --train-data {a.train_data}; "
+                        f"or pass {'--eval-every 0' if a.eval_every else '--no-eval-before-train'}")
     return problems
 
 
@@ -222,9 +226,11 @@ def parse_args(argv=None, description: str = "", prog: str = "train.py") -> Args
     shown = resolve(preset, {**from_file, **({"algo": algo} if algo in L.ALGORITHMS else {})})
     parser.description = (f"preset in effect: {preset} (algorithm {shown.loss.algo}); defaults below are its values"
                           f"{' with ' + known.config if known.config else ''}\n\n" + description)
-    parser.add_argument("--preset", default="tiny", help=f"the run's settings: one of {sorted(PRESETS)} (default: 'tiny')")
-    parser.add_argument("--config", default=None, help="a JSON or YAML file of flag values (a run's config.json works); "
-                                                       "the command line overrides it")
+    parser.add_argument("--preset", default="tiny",
+                        help=f"the run's settings: one of {sorted(PRESETS)} (default: 'tiny')")
+    parser.add_argument("--config", default=None,
+                        help="a JSON or YAML file of flag values (a run's config.json works); the command line "
+                             "overrides it")
     ignored = set(L.ignored_fields(shown.loss))
     add_flags(parser, RUN_FIELDS + LOSS_FIELDS, {**field_docs(Args), **field_docs(L.LossConfig)}, shown, ALIASES,
               note=lambda name: f" [not used by {shown.loss.algo}]" if name in ignored else "")
@@ -287,9 +293,9 @@ def read_config(path: str, parser) -> tuple[dict, str | None]:
     except _Alias as e:
         fail(f"YAML anchors and aliases are not accepted ({e.args[0]})")
     except (ValueError, RecursionError) as e:
-        fail(f"cannot read it ({type(e).__name__}: {_short(str(e).splitlines()[0] if str(e) else '', 200, quote=False)})")
+        fail(f"cannot read it ({type(e).__name__}: {_short(_first_line(e), 200, quote=False)})")
     except Exception as e:  # yaml's parse errors
-        fail(f"not valid YAML ({_short(str(e).splitlines()[0] if str(e) else type(e).__name__, 200, quote=False)})")
+        fail(f"not valid YAML ({_short(_first_line(e) or type(e).__name__, 200, quote=False)})")
     if not isinstance(values, dict):
         fail("must hold a mapping of flag names to values")
     preset = values.get("preset") if isinstance(values.get("preset"), str) else None
@@ -309,12 +315,17 @@ def read_config(path: str, parser) -> tuple[dict, str | None]:
         if name in out:
             fail(f"{name} is given twice (as {_short(key)})")
         kind = kinds[name]
-        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool)) or (kind is float and isinstance(value, int) and not isinstance(value, bool))
+        whole = isinstance(value, int) and not isinstance(value, bool)  # JSON's true is not 1
+        ok = whole if kind is int else (isinstance(value, kind) or (kind is float and whole))
         if not ok:
             article = "an" if kind.__name__[0] in "aeiou" else "a"
             fail(f"{_short(key, quote=False)} must be {article} {kind.__name__}, got {_short(value)}")
         out[name] = float(value) if kind is float else value
     return out, preset
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e) else ""
 
 
 def _short(value, limit=60, quote=True) -> str:
@@ -413,7 +424,9 @@ class Parser(argparse.ArgumentParser):
 
 def field_type(f) -> type:
     """A dataclass field's type, also where its annotation is a string."""
-    return {"int": int, "float": float, "str": str, "bool": bool}.get(f.type, f.type) if isinstance(f.type, str) else f.type
+    if isinstance(f.type, str):
+        return {"int": int, "float": float, "str": str, "bool": bool}.get(f.type, f.type)
+    return f.type
 
 
 def add_flags(parser, dataclass_fields, docs, defaults, aliases=None, note=lambda name: ""):
@@ -434,8 +447,8 @@ def add_flags(parser, dataclass_fields, docs, defaults, aliases=None, note=lambd
             groups[group_name].add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             metavar = "{" + ",".join(map(str, options)) + "}" if options else kind.__name__.upper()
-            groups[group_name].add_argument(flag, *(aliases or {}).get(f.name, []), dest=f.name, type=kind, default=None,
-                                            help=help_text, metavar=metavar)
+            groups[group_name].add_argument(flag, *(aliases or {}).get(f.name, []), dest=f.name, type=kind,
+                                            default=None, help=help_text, metavar=metavar)
 
 
 def join_negative_values(argv):

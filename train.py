@@ -75,14 +75,15 @@ def main(args: Args):
         clock.append(time.perf_counter())
         # 3-4. dynamic sampling (groups whose answers all score alike carry no signal), then advantages per group
         kept, advantages = select_groups(rewards, correct, args)
-        minis = make_mini_batches(policy, mini_batch_sequences(kept, groups, advantages, correct, args), args.loss)
+        # the step's objective (--adaptive-entropy: this step's coefficient) decides which responses must run
+        cfg = step_loss_config(args.loss, run.loop)
+        minis = make_mini_batches(policy, mini_batch_sequences(kept, groups, advantages, correct, args), cfg)
         # 5. old log-probs from the weights that sampled, and the rollout correction's weights
         update = old_logprobs(policy, minis, args.rollout_correction, args.rollout_correction_threshold) if kept else {}
         # 6. one optimizer step per mini-batch of kept groups
         if kept:
-            cfg = step_loss_config(args.loss, run.loop)  # --adaptive-entropy: this step's coefficient
-            update.update(update_policy(policy, minis, cfg, StepContext(step, min(1.0, step / args.max_steps),
-                                                                        run.loop.od_state)))
+            ctx = StepContext(step, min(1.0, step / args.max_steps), run.loop.od_state)
+            update.update(update_policy(policy, minis, cfg, ctx))
             if args.loss.adaptive_entropy:
                 update["entropy_coef"] = cfg.entropy_coef
         update["lr"] = policy.optimizer.param_groups[0]["lr"]

@@ -357,6 +357,13 @@ def test_every_field_has_a_rule_and_bad_values_name_the_field():
         assert problems and problems[0][0] == f.name and problems[0][1].startswith(f"{f.name} must be"), (f.name, problems)
 
 
+def test_every_loss_field_is_read_by_an_algorithm_or_by_all():
+    """A new LossConfig field must be in some algorithm's `reads` or in COMMON_FIELDS: otherwise --help marks it
+    "[not used by ...]" under every algorithm and the property test below never looks at it."""
+    registered = {"algo", *L.COMMON_FIELDS, *(name for a in L.ALGORITHMS.values() for name in a.reads)}
+    assert [f.name for f in L.fields(L.LossConfig) if f.name not in registered] == []
+
+
 def test_args_and_loss_fields_are_checked_by_one_mechanism():
     """train.py's Args declare their ranges as LossConfig does (a Rule beside the field): every number and choice flag
     has one, field_problems checks both dataclasses alike, and a choice's hint is the same closest-name search."""

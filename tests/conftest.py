@@ -1,5 +1,6 @@
 # Shares the tiny model and vLLM engines between tests, and runs train.py's stages the way its main does. The
 # repository root is on the import path through pyproject.toml (pytest's `pythonpath`).
+import json
 import os
 
 import pytest
@@ -12,6 +13,14 @@ def tiny_model_path():
     """The warm-started tiny model, built once into .cache/ (about a minute on 2 cores) and reused."""
     from cegppo_utils import tiny
     return tiny.ensure_tiny_model()
+
+
+def few_problems(folder, count=4):
+    """A held-out file of `count` arith-like problems: evaluations that test bookkeeping, not the benchmark's size."""
+    path = folder / f"few-{count}.jsonl"
+    path.write_text("".join(json.dumps({"problem": f"Compute {a} + {a + 1}.", "answer": str(2 * a + 1)}) + "\n"
+                            for a in range(1, count + 1)))
+    return path
 
 
 def vllm_or_skip():

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, vllm_or_skip
+from conftest import ROOT, few_problems, vllm_or_skip
 
 # One update on a fixed batch, run by a worker that is either a plain process or a torchrun rank. 6 groups of 4,
 # mini-batches of 3 groups, micro-batches of 2 sequences: in each mini-batch one rank holds 2 groups and the other 1,
@@ -130,15 +130,16 @@ def test_two_rank_run_logs_once_and_resumes_on_one_rank(tmp_path, tiny_model_pat
     sampler = "vllm" if rollout.vllm_available() else "hf"
     if os.environ.get("REQUIRE_VLLM") == "1":
         vllm_or_skip()
+    run = tmp_path / "run"
     flags = ["--preset", "tiny", "--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "4",
              "--group-size", "4", "--micro-batch-size", "8", "--eval-every", "2", "--no-eval-before-train", "--save-every", "1",
-             "--output-dir", str(tmp_path)]
+             "--eval-data", str(few_problems(tmp_path, 8)), "--output-dir", str(run)]  # 4 held-out problems a rank
     out = torchrun(2, "train.py", *flags, "--max-steps", "2", "--sampler", sampler)
     assert "ranks: 2" in out.stdout
-    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [1, 2]  # written once, by rank 0
     assert "eval_acc" in rows[1] and 0 <= rows[1]["eval_acc"] <= 1
-    assert sorted(f for f in os.listdir(tmp_path / "checkpoints" / "step_000002") if f.endswith(".distcp")) == \
+    assert sorted(f for f in os.listdir(run / "checkpoints" / "step_000002") if f.endswith(".distcp")) == \
         ["__0_0.distcp", "__1_0.distcp"]  # each rank wrote its shards
     # the sharded checkpoint loads whole into one process, equal to the gathered HF-format policy of the same step
     from safetensors.torch import load_file
@@ -147,13 +148,13 @@ def test_two_rank_run_logs_once_and_resumes_on_one_rank(tmp_path, tiny_model_pat
     from cegppo_utils import runfolder
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters())
-    state = runfolder.load_checkpoint(str(tmp_path / "checkpoints" / "step_000002"), model, optimizer)
+    state = runfolder.load_checkpoint(str(run / "checkpoints" / "step_000002"), model, optimizer)
     assert state["step"] == 2 and state["world_size"] == 2
-    final = load_file(tmp_path / "final" / "model.safetensors")
+    final = load_file(run / "final" / "model.safetensors")
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.detach(), final[name], rtol=0, atol=0)
     assert len(optimizer.state) == len(list(model.parameters()))  # AdamW moments came back too
-    exported = load_file(os.path.join(runfolder.export_hf(str(tmp_path / "checkpoints" / "step_000002"), str(tmp_path / "hf")),
+    exported = load_file(os.path.join(runfolder.export_hf(str(run / "checkpoints" / "step_000002"), str(tmp_path / "hf")),
                                       "model.safetensors"))
     assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)
 
@@ -161,8 +162,8 @@ def test_two_rank_run_logs_once_and_resumes_on_one_rank(tmp_path, tiny_model_pat
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed from" in done.stdout and "saved by 2 rank(s), now 1" in done.stdout
-    assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")] == [1, 2, 3]
-    final = AutoModelForCausalLM.from_pretrained(tmp_path / "final")  # HF format, whole
+    assert [json.loads(line)["step"] for line in open(run / "metrics.jsonl")] == [1, 2, 3]
+    final = AutoModelForCausalLM.from_pretrained(run / "final")  # HF format, whole
     assert final.config.architectures == ["Qwen2ForCausalLM"]
     assert sum(p.numel() for p in final.parameters()) > 1_000_000
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, few_problems
 
 from tools import stats, study
 
@@ -16,7 +16,8 @@ def test_a_two_step_study_runs_resumes_and_reports(tmp_path, tiny_model_path):
     cmd = [sys.executable, "-m", "tools.study", "--preset", "tiny", "--steps", "2", "--seeds", "0", "--configs", "grpo,ppo_clip",
            "--root", str(tmp_path / "runs"), "--json", str(tmp_path / "study.json"), "--figures", str(tmp_path / "fig"),
            "--eval-every", "2", "--no-eval-before-train", "--gen-prompts", "8", "--n", "4", "--mini-batch-prompts", "4", "--micro-batch-size", "8",
-           "--log-samples-every", "0", "--sampler", "hf"]  # HF generate: the study's bookkeeping, not the engine, is tested
+           "--log-samples-every", "0", "--sampler", "hf",  # HF generate: the study's bookkeeping, not the engine, is tested
+           "--eval-data", str(few_problems(tmp_path, 8))]  # and 8 held-out problems, not the task's 210
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads((tmp_path / "study.json").read_text())

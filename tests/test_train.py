@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, parse_train_args, train_update
+from conftest import ROOT, few_problems, parse_train_args, train_update
 
 import train
 from cegppo_utils import data, runfolder
@@ -27,14 +27,6 @@ def run_train(output_dir, *extra):
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
-
-
-def few_problems(folder, count=4):
-    """A held-out file of `count` arith-like problems: evaluations that test bookkeeping, not the benchmark's size."""
-    path = folder / f"few-{count}.jsonl"
-    path.write_text("".join(json.dumps({"problem": f"Compute {a} + {a + 1}.", "answer": str(2 * a + 1)}) + "\n"
-                            for a in range(1, count + 1)))
-    return path
 
 
 def read_metrics(output_dir):

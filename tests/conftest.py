@@ -10,7 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="session")
 def tiny_model_path():
-    """The warm-started tiny model, built once into .cache/ (about a minute on 2 cores) and reused."""
+    """The warm-started tiny model, built once into .cache/ (about 1.5 min on 2 AMD EPYC cores) and reused."""
     from cegppo_utils import tiny
     return tiny.ensure_tiny_model()
 

@@ -239,8 +239,9 @@ def parse_args(argv=None):
              "top_p": L.Rule(0, 1, low_open=True),
              "seed": L.Rule(0, 2**63, high_open=True, integer=True, says="in [0, 2**63)")}
     for name, rule in rules.items():
-        problem = rule.problem("--" + name.replace("_", "-"), getattr(args, name))
-        if getattr(args, name) is not None and problem:
+        value = getattr(args, name)
+        problem = rule.problem("--" + name.replace("_", "-"), value) if value is not None else None
+        if problem:
             parser.error(problem)
     if os.path.isfile(args.output) and not args.overwrite:
         parser.error(f"--output {args.output} exists; pass --overwrite to replace it, or choose another file")
@@ -282,9 +283,8 @@ def main(argv=None):
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         context = AutoConfig.from_pretrained(model_path).max_position_embeddings
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # an unknown model_type, a broken file
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         raise UserError(f"--model {args.model}: cannot load its tokenizer and config "
-                        f"({type(e).__name__}: {first})") from None
+                        f"({type(e).__name__}: {data.first_line(e)})") from None
     plan = {}  # benchmark -> (problems that fit, skipped ids, longest prompt, k, max tokens)
     for b in args.benchmarks:
         settings = heldout.sampling_settings(b)

@@ -531,7 +531,7 @@ def load_policy(args, model_path, device, prompts):
         tokenizer = AutoTokenizer.from_pretrained(model_path)
     except Exception as e:  # no such hub id, no network, a broken folder
         raise UserError(f"--model {args.model}: cannot load its tokenizer "
-                        f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+                        f"({type(e).__name__}: {data.first_line(e)})") from None
     context = _model_context(model_path)
     if context and args.max_prompt_len + args.max_response_len > context:
         raise UserError(f"--max-prompt-len {args.max_prompt_len} + --max-response-len {args.max_response_len} exceed "
@@ -565,7 +565,7 @@ def _model_context(model_path) -> int | None:
         value = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
     except Exception as e:  # a config transformers cannot read (an unknown model_type, ...)
         raise UserError(f"--model {model_path}: cannot read its config "
-                        f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+                        f"({type(e).__name__}: {data.first_line(e)})") from None
     return value if isinstance(value, int) and value > 0 else None
 
 

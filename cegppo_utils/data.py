@@ -37,6 +37,12 @@ class UserError(SystemExit):
         self.code = 2
 
 
+def first_line(error, limit: int | None = 200) -> str:
+    """An exception's first line of text for a one-line message ("" when it has none), cut at `limit` characters."""
+    text = str(error).strip()
+    return text.splitlines()[0][:limit] if text else ""
+
+
 # --- the offline tasks ---------------------------------------------------------------------------
 # name -> (training rows, held-out rows): problems built in code by tiny.py, so CPU runs need no download.
 
@@ -281,7 +287,7 @@ def read_records(path: str) -> list[tuple[str, dict]]:
                 import pyarrow.parquet as pq
                 table = pq.read_table(f).to_pylist()
             except Exception as e:  # not parquet, truncated, unreadable
-                raise UserError(f"{path}: not a readable parquet file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+                raise UserError(f"{path}: not a readable parquet file ({type(e).__name__}: {first_line(e, None)})") from None
             return [(f"{name}: row {i}", r) for i, r in enumerate(table)]
         try:
             return _json_records(_JsonStream(f, path), name, array=ext == ".json")
@@ -341,8 +347,7 @@ def _hub_records(source, split):
     except UserError:
         raise
     except Exception as e:  # a mistyped id, no network, no such split
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise UserError(f"{source}: could not load it as a hub dataset ({type(e).__name__}: {first[:200]})") from None
+        raise UserError(f"{source}: could not load it as a hub dataset ({type(e).__name__}: {first_line(e)})") from None
     return data, [(f"{source}: row {i}", r) for i, r in enumerate(data)]
 
 

@@ -176,8 +176,8 @@ def validate(a: Args) -> list[str]:
         if path.endswith(data.FILE_TYPES) and not os.path.lexists(path):  # a broken link: data.py says how
             problems.append(f"--{name.replace('_', '-')} {path}: no such file")
     # every field's own Rule, Args' and the loss's alike; then the loss's rules that relate two of its fields
-    problems += [f"--{name.replace('_', '-')}{message[len(name):]}" for name, message in L.field_problems(a)]
-    problems += [f"--{name.replace('_', '-')}{message[len(name):]}" for name, message in L.config_problems(a.loss)]
+    problems += [f"--{name.replace('_', '-')}{message[len(name):]}"
+                 for name, message in L.field_problems(a) + L.config_problems(a.loss)]
     if problems:
         return problems
     if a.min_response_len > a.max_response_len:
@@ -293,9 +293,9 @@ def read_config(path: str, parser) -> tuple[dict, str | None]:
     except _Alias as e:
         fail(f"YAML anchors and aliases are not accepted ({e.args[0]})")
     except (ValueError, RecursionError) as e:
-        fail(f"cannot read it ({type(e).__name__}: {_short(_first_line(e), 200, quote=False)})")
+        fail(f"cannot read it ({type(e).__name__}: {_short(data.first_line(e, None), 200, quote=False)})")
     except Exception as e:  # yaml's parse errors
-        fail(f"not valid YAML ({_short(_first_line(e) or type(e).__name__, 200, quote=False)})")
+        fail(f"not valid YAML ({_short(data.first_line(e, None) or type(e).__name__, 200, quote=False)})")
     if not isinstance(values, dict):
         fail("must hold a mapping of flag names to values")
     preset = values.get("preset") if isinstance(values.get("preset"), str) else None
@@ -322,10 +322,6 @@ def read_config(path: str, parser) -> tuple[dict, str | None]:
             fail(f"{_short(key, quote=False)} must be {article} {kind.__name__}, got {_short(value)}")
         out[name] = float(value) if kind is float else value
     return out, preset
-
-
-def _first_line(e: Exception) -> str:
-    return str(e).splitlines()[0] if str(e) else ""
 
 
 def _short(value, limit=60, quote=True) -> str:

@@ -39,7 +39,7 @@ import warnings
 import torch
 
 from cegppo_utils import distributed as D
-from cegppo_utils.data import UserError
+from cegppo_utils.data import UserError, first_line
 
 # Flags that may change when a run is resumed: how long it runs and what it logs, not what it computes.
 RESUMABLE = {"max_steps", "save_every", "keep_checkpoints", "eval_every", "log_samples_every", "tensorboard", "wandb",
@@ -656,7 +656,7 @@ def read_trainer_state(folder) -> dict:
         raise UserError(f"--resume: {path} holds objects other than tensors and plain values; refusing to load it "
                         "(it could run code)") from None
     except Exception as e:  # torn, not a torch file, unreadable
-        raise UserError(f"--resume: {path} is not readable ({type(e).__name__}: {_first_line(e)})") from None
+        raise UserError(f"--resume: {path} is not readable ({type(e).__name__}: {first_line(e)})") from None
     if not isinstance(state, dict) or not {"step", "rng"} <= state.keys():
         raise UserError(f"--resume: {path} is not a trainer state written by train.py")
     return state
@@ -700,7 +700,7 @@ def check_dcp_metadata(folder):
         raise UserError(f"{path} names {e}, which a checkpoint's metadata never holds; refusing to load it (it "
                         "could run code)") from None
     except Exception as e:
-        raise UserError(f"{path} is not readable ({type(e).__name__}: {_first_line(e)})") from None
+        raise UserError(f"{path} is not readable ({type(e).__name__}: {first_line(e)})") from None
 
 
 def check_checkpoint(folder, others=()) -> dict:
@@ -733,16 +733,11 @@ def read_json_object(path, prefix="", suffix="") -> dict:
     except FileNotFoundError:
         raise UserError(f"{prefix}{path} is missing{suffix}") from None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        why = e.strerror if isinstance(e, OSError) else f"not valid JSON: {_first_line(e)}"
+        why = e.strerror if isinstance(e, OSError) else f"not valid JSON: {first_line(e)}"
         raise UserError(f"{prefix}{path} is not readable ({why}){suffix}") from None
     if not isinstance(value, dict):
         raise UserError(f"{prefix}{path} is not a JSON object{suffix}")
     return value
-
-
-def _first_line(error) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:200] if text else ""
 
 
 def _dcp_load(state, folder, no_dist=None, prefix="--resume: "):
@@ -772,7 +767,7 @@ def _dcp_load(state, folder, no_dist=None, prefix="--resume: "):
                             "refusing to load them (they could run code)") from None
         failure = _io_failure(e)
         if failure is not None or type(e).__name__ == "CheckpointException":
-            raise UserError(f"{prefix}{folder} could not be read ({failure or _first_line(e)})"
+            raise UserError(f"{prefix}{folder} could not be read ({failure or first_line(e)})"
                             + ("; move it aside to resume from the checkpoint before it" if prefix else "")) from None
         raise
 
@@ -796,7 +791,7 @@ def export_hf(checkpoint_dir, out_dir):
             shapes = {f"model.{k}": tuple(v.shape) for k, v in get_model_state_dict(AutoModelForCausalLM.from_config(config)).items()}
     except Exception as e:  # an unknown model_type, a value its config class refuses (huggingface_hub's own errors)
         raise UserError(f"{checkpoint_dir}: transformers cannot build a model from its config.json "
-                        f"({type(e).__name__}: {_first_line(e)})") from None
+                        f"({type(e).__name__}: {first_line(e)})") from None
     metadata = dcp.FileSystemReader(checkpoint_dir).read_metadata()
     stored = {k: v for k, v in metadata.state_dict_metadata.items() if k.startswith("model.")}
     missing = [k for k, shape in shapes.items() if k not in stored or tuple(getattr(stored[k], "size", ())) != shape]
@@ -818,7 +813,7 @@ def export_hf(checkpoint_dir, out_dir):
     try:
         tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir)
     except Exception as e:  # a tokenizer file missing or broken
-        raise UserError(f"{checkpoint_dir}: cannot load its tokenizer ({type(e).__name__}: {_first_line(e)})") from None
+        raise UserError(f"{checkpoint_dir}: cannot load its tokenizer ({type(e).__name__}: {first_line(e)})") from None
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir

@@ -482,9 +482,9 @@ DYNAMIC_CLIPS = ("none",) + DYNAMIC_SCHEDULES
 KL_ESTIMATORS = ("k1", "k2", "k3")
 SWITCH = (False, True)
 # Fields every algorithm reads: the terms added to the policy loss, and how it is weighted.
-COMMON_FIELDS = ("norm_len", "entropy_coef", "positive_lm_coef", "dynamic_clip", "top_entropy_quantile", "kl_coef",
-                 "kl_estimator", "adaptive_entropy", "entropy_target", "entropy_coef_delta", "entropy_coef_min",
-                 "entropy_coef_max")
+COMMON_FIELDS = ("norm_len", "entropy_coef", "positive_lm_coef", "dynamic_clip", "od_initial_entropy",
+                 "top_entropy_quantile", "kl_coef", "kl_estimator", "adaptive_entropy", "entropy_target",
+                 "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max")
 
 
 def algorithm_table() -> str:
@@ -634,6 +634,7 @@ class LossConfig:
     entropy_coef: float = option(0.0, Rule(0))  # entropy bonus: loss -= coef * mean token entropy (paper §4 baseline: 0.001, 0.003)
     positive_lm_coef: float = option(0.0, Rule(0))  # weight of the NLL on correct responses (official scripts: 0.1; not in the paper)
     dynamic_clip: str = option("none", Rule(choices=DYNAMIC_CLIPS))  # probability-dependent clip schedule (arXiv 2602.09782)
+    od_initial_entropy: float = option(0.5, Rule(0))  # --dynamic-clip od: H_init in nats, its floor 0.2 H_init (public FlexEC defaults: 0.5; the paper: the initial entropy); 0 = the first step's measured mean entropy
     tau_pos: float = option(1.0, Rule(0, low_open=True))  # SAPO gate temperature for A > 0 (SAPO paper, verl tau_pos, TRL sapo_temperature_pos: 1.0)
     tau_neg: float = option(1.05, Rule(0, low_open=True))  # SAPO gate temperature for A <= 0 (SAPO paper, verl tau_neg, TRL sapo_temperature_neg: 1.05)
     clip_cov_ratio: float = option(2e-4, Rule(0, 1, low_open=True))  # Clip-Cov: share of a call's tokens whose gradient is stopped (arXiv 2505.22617 §5, verl: 2e-4)

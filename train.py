@@ -13,7 +13,7 @@ One step, as in the official scripts (each a call in main):
   5. old log-probs (and entropy) from the training model, no grad; with --rollout-correction, the sampler/trainer
      importance weights                                                               cegppo_utils/correction.py
   6. mini-batches of `mini_batch_prompts` prompts: accumulate micro-batches with the mini-batch's exact token
-     count -> grad clip -> AdamW step                                                 loss.policy_loss
+     count -> grad clip -> AdamW step; `ppo_epochs` passes over them                   loss.policy_loss
   7. LR schedule step; log, evaluate, checkpoint; the new weights sync into the sampler at the next rollout
 
 A preset gives the run's settings and names the algorithm its official script runs; the algorithm brings its
@@ -80,10 +80,10 @@ def main(args: Args):
         minis = make_mini_batches(policy, mini_batch_sequences(kept, groups, advantages, correct, args), cfg)
         # 5. old log-probs from the weights that sampled, and the rollout correction's weights
         update = old_logprobs(policy, minis, args.rollout_correction, args.rollout_correction_threshold) if kept else {}
-        # 6. one optimizer step per mini-batch of kept groups
+        # 6. one optimizer step per mini-batch of kept groups, in ppo_epochs passes over them
         if kept:
             ctx = StepContext(step, min(1.0, step / args.max_steps), run.loop.od_state)
-            update.update(update_policy(policy, minis, cfg, ctx))
+            update.update(update_policy(policy, minis, cfg, ctx, epochs=args.ppo_epochs))
             if args.loss.adaptive_entropy:
                 update["entropy_coef"] = cfg.entropy_coef
         update["lr"] = policy.optimizer.param_groups[0]["lr"]
@@ -249,20 +249,23 @@ class StepContext:
     od_state: int = 0  # --dynamic-clip od: 1 while raising entropy (loss.oscillatory_decay_state)
 
 
-def update_policy(policy, minis: list[MiniBatch], cfg: L.LossConfig, ctx: StepContext = StepContext()) -> dict:
-    """6. One optimizer step per mini-batch; the step's metrics as token means over all its tokens (the loss terms:
-    their mean over mini-batches), summed over ranks."""
+def update_policy(policy, minis: list[MiniBatch], cfg: L.LossConfig, ctx: StepContext = StepContext(),
+                  epochs: int = 1) -> dict:
+    """6. One optimizer step per mini-batch, `epochs` passes over them in the same order (verl's ppo_epochs: pi_old
+    stays the policy that sampled, so every pass after the first is off-policy from its first mini-batch on); the
+    step's metrics as token means over all the tokens of all passes (the loss terms: their mean over optimizer
+    steps), summed over ranks."""
     sums, grad_norms = {}, []
-    for mini in minis:
+    for mini in minis * epochs:
         mini_sums, grad_norm = optimizer_step(policy, mini, cfg, ctx)
         for k, v in mini_sums.items():
-            sums[k] = sums.get(k, 0.0) + (v / len(minis) if k in LOSS_TERMS else v)
+            sums[k] = sums.get(k, 0.0) + (v / (len(minis) * epochs) if k in LOSS_TERMS else v)
         grad_norms.append(grad_norm)
     keys = sorted(sums)
     sums = dict(zip(keys, D.all_reduce([sums[k] for k in keys], policy.device)))
     tokens = max(sums.pop("_tokens", 0.0), 1.0)
     out = {k: (v if k in LOSS_TERMS else v / tokens) for k, v in sums.items()}
-    out.update(grad_norm=sum(grad_norms) / len(grad_norms), optimizer_steps=len(minis))
+    out.update(grad_norm=sum(grad_norms) / len(grad_norms), optimizer_steps=len(grad_norms))
     return out
 
 
@@ -331,10 +334,7 @@ def end_step(run: Run, args, s: Step):
     """7. The oscillatory-decay state, the checkpoint, held-out evaluation, the metrics row and samples."""
     loop, row, done = run.loop, s.row, s.index + 1
     if args.loss.dynamic_clip == "od" and "entropy" in row:
-        loop.initial_entropy = loop.initial_entropy or row["entropy"]
-        loop.od_state = L.oscillatory_decay_state(loop.od_state, row["entropy"], min(1.0, done / args.max_steps),
-                                                  loop.initial_entropy, L.DynamicClip(schedule="od"))
-        row["od_state"] = loop.od_state
+        row["od_state"] = advance_od_state(loop, args.loss, row["entropy"], min(1.0, done / args.max_steps))
     if args.loss.adaptive_entropy and "entropy" in row:  # Skywork-OR1: the coefficient for the next step
         coef = args.loss.entropy_coef if loop.entropy_coef is None else loop.entropy_coef
         loop.entropy_coef = L.next_entropy_coef(args.loss, coef, row["entropy"])
@@ -359,6 +359,16 @@ def end_step(run: Run, args, s: Step):
     run.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", ent=f"{row.get('entropy', math.nan):.3f}",
                         clip_b1=f"{row.get('clip_frac_low_neg', 0):.4f}",
                         clip_b2=f"{row.get('clip_frac_high_pos', 0):.4f}")
+
+
+def advance_od_state(loop: LoopState, cfg: L.LossConfig, entropy: float, progress: float) -> int:
+    """--dynamic-clip od after a step with mean entropy `entropy`: the hysteresis state for the next step
+    (loss.oscillatory_decay_state), H_init fixed by --od-initial-entropy (the public defaults' 0.5 nats) or, with 0,
+    the first step's entropy."""
+    loop.initial_entropy = loop.initial_entropy or cfg.od_initial_entropy or entropy
+    loop.od_state = L.oscillatory_decay_state(loop.od_state, entropy, progress, loop.initial_entropy,
+                                              L.DynamicClip(schedule="od"))
+    return loop.od_state
 
 
 def evaluates_at(args, done: int) -> bool:
@@ -428,7 +438,7 @@ class LoopState:
     checkpoint as a plain dict (saved / restored), so a resumed run continues exactly."""
     step: int = 0  # steps done
     od_state: int = 0  # --dynamic-clip od: 1 while raising entropy (loss.oscillatory_decay_state)
-    initial_entropy: float | None = None  # --dynamic-clip od: H_init, the first step's mean entropy
+    initial_entropy: float | None = None  # --dynamic-clip od: H_init (--od-initial-entropy, or the first step's entropy)
     entropy_coef: float | None = None  # --adaptive-entropy: c_k, the controller's coefficient (None: not yet moved)
     last_entropy: float | None = None  # --adaptive-entropy: e_{k-1}, the previous step's mean entropy
 

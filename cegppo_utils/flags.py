@@ -57,6 +57,7 @@ class Args:
     grad_clip: float = L.option(1.0, L.Rule(0, low_open=True))  # max global gradient norm
     train_prompts: int = L.option(32, COUNT)  # at most this many kept groups are trained on per step (not given: follows --gen-prompts down)
     mini_batch_prompts: int = L.option(4, COUNT)  # prompts per optimizer step (train_prompts / this = optimizer steps per step; not given: follows --gen-prompts down)
+    ppo_epochs: int = L.option(1, COUNT)  # passes over the step's kept groups (verl ppo_epochs): ppo_epochs x train_prompts / mini_batch_prompts optimizer steps per step, the later passes off-policy
     micro_batch_size: int = L.option(32, COUNT)  # sequences per forward/backward; gradients accumulate over micro-batches
     micro_batch_tokens: int = L.option(0, AT_LEAST_0)  # >0: padding-free micro-batches, sequences packed into rows of at most this many tokens (micro_batch_size unused); 0 = padded
     max_steps: int = L.option(100, COUNT)  # training steps

@@ -46,14 +46,16 @@ def test_interval_statistics():
 @pytest.mark.slow
 def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
     """Two runs, the second with fewer configs: every config's numbers are a function of the batch and the seeds
-    alone, not of which other configs ran beside it."""
+    alone, not of which other configs ran beside it. lr 0.01 with mini-batches of 2 prompts: the first AdamW step moves
+    every weight by about lr, so the later mini-batches' ratios leave the clip interval whatever the warm start."""
     outputs, printed = [], []
     for i, configs in enumerate(("ppo_clip,ppo_clip_repeat,ce_gppo_1_1,gppo,entropy_0.003,grpo,adaptive_entropy,grpo_kl_0.04,"
                                  "dapo,top_entropy_0.2", "ppo_clip,gppo")):
         out = tmp_path / f"run{i}.json"
         done = subprocess.run([sys.executable, "-m", "tools.mechanism", "--preset", "tiny", "--batches", "2", "--probe-prompts", "4",
                                "--fresh-prompts", "4", "--configs", configs, "--output", str(out),
-                               "--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "4", "--sampler", "hf"],  # train.py flags
+                               "--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "2", "--lr", "0.01",
+                               "--sampler", "hf"],  # train.py flags
                               # (HF generate: the pairing and its bookkeeping are tested, not the engine)
                               cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -67,12 +69,17 @@ def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
         assert (a["kept_groups"], a["response_length"]) == (b["kept_groups"], b["response_length"])
         assert a["configs"]["ppo_clip"] == b["configs"]["ppo_clip"] and a["configs"]["gppo"] == b["configs"]["gppo"]
     assert all(r["kept_groups"] > 0 and r["configs"]["ce_gppo_1_1"]["optimizer_steps"] > 0 for r in first["records"])
-    assert any(r["configs"]["ce_gppo_1_1"]["dH"] != r["configs"]["ppo_clip"]["dH"] for r in first["records"])
+    # CE-GPPO (1, 1) makes PPO-clip's step exactly until a token falls in a beta region, and another step once one does
+    beta_regions = ("b1_low", "b1_high", "b2_low", "b2_high")
+    clipped = [sum(r["configs"]["ce_gppo_1_1"]["region_frac"][k] for k in beta_regions) > 0 for r in first["records"]]
+    for r, any_clipped in zip(first["records"], clipped):
+        assert (r["configs"]["ce_gppo_1_1"]["dH"] != r["configs"]["ppo_clip"]["dH"]) == any_clipped, r["batch"]
+    assert any(clipped)  # by construction (lr 0.01, several mini-batches): the test sees both losses act
     result = first["ppo_clip_repeat"]
     assert result["n"] == 2 and result["dH_vs_ppo_mean"] == 0.0 and result["dH_vs_ppo_ci95"] == [0.0, 0.0]
     assert set(first["gppo"]) >= {"dH_mean", "dH_vs_ppo_mean", "dH_vs_ppo_ci95", "n"}
-    assert first["settings"]["train_flags"] == ["--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "4",
-                                                "--sampler", "hf"]
+    assert first["settings"]["train_flags"] == ["--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "2",
+                                                "--lr", "0.01", "--sampler", "hf"]
     assert first["entropy_0.003"]["predicted_by_region_mean"]["entropy_bonus"] != 0.0  # the bonus path ran
     # the other papers' methods: the KL penalty gets its frozen reference, and adaptive entropy's first step has no
     # previous entropy, so no bonus: it equals GRPO exactly; each is also paired against its base algorithm

@@ -616,6 +616,62 @@ def test_the_quick_command_tells_the_objectives_apart(tiny_model_path):
                 assert not torch.equal(moved[a], moved[b]), (a, b)
 
 
+def test_od_initial_entropy_is_fixed_or_measured():
+    """--dynamic-clip od's H_init: 0.5 nats by default (the public defaults), so its floor 0.1 is reached at entropy 0.1;
+    with --od-initial-entropy 0 the first step's entropy, the floor 0.2 x that."""
+    fixed = train.LoopState()
+    cfg = parse_train_args(["--algo", "grpo", "--dynamic-clip", "od"]).loss
+    assert [train.advance_od_state(fixed, cfg, h, 0.5) for h in (0.18, 0.11, 0.09, 0.2, 0.31)] == [0, 0, 1, 1, 0]
+    assert fixed.initial_entropy == 0.5  # tau_high at half-way: 0.1 + 0.4 x 0.5 = 0.3
+    measured = train.LoopState()
+    cfg = parse_train_args(["--algo", "grpo", "--dynamic-clip", "od", "--od-initial-entropy", "0"]).loss
+    assert [train.advance_od_state(measured, cfg, h, 0.5) for h in (0.18, 0.1, 0.03, 0.1, 0.111)] == [0, 0, 1, 1, 0]
+    assert measured.initial_entropy == 0.18  # floor 0.036, tau_high 0.036 + 0.144 x 0.5 = 0.108
+
+
+def test_ppo_epochs_repeat_the_passes_against_the_sampling_policy(tiny_model_path):
+    """--ppo-epochs E: E passes over the step's mini-batches, each ratio taken against the policy that sampled. One pass
+    is the loop as it was (optimizer_step per mini-batch, bit for bit); two passes are that, then the same mini-batches
+    again with the same pi_old, so from the second pass on even the first mini-batch is off-policy."""
+    import random
+
+    from transformers import AutoModelForCausalLM
+    rng = random.Random(0)
+    groups = [[{"prompt_ids": [rng.randrange(5, 270) for _ in range(6)], "response_ids": [rng.randrange(5, 270) for _ in range(12)],
+                "advantage": rng.gauss(0, 1), "correct": rng.random() < 0.5} for _ in range(4)] for _ in range(2)]
+
+    def policy_and_minis(epochs):
+        args = parse_train_args(["--n", "4", "--gen-prompts", "2", "--mini-batch-prompts", "1", "--micro-batch-size", "4", "--lr", "1e-3",
+                                 "--ppo-epochs", str(epochs)])
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+        policy = train.make_policy(args, model, optimizer, 0, torch.device("cpu"))
+        minis = train.make_mini_batches(policy, groups, args.loss)
+        train.old_logprobs(policy, minis)
+        return args, policy, minis
+
+    def weights(policy):
+        return torch.cat([p.detach().flatten() for p in policy.model.parameters()])
+
+    assert parse_train_args([]).ppo_epochs == 1
+    args, policy, minis = policy_and_minis(1)
+    one = train.update_policy(policy, minis, args.loss, epochs=args.ppo_epochs)
+    _, by_hand, hand_minis = policy_and_minis(1)
+    for mini in hand_minis:  # the update before --ppo-epochs existed
+        train.optimizer_step(by_hand, mini, args.loss)
+    assert torch.equal(weights(policy), weights(by_hand)) and one["optimizer_steps"] == 2
+    first = minis[0].micro[0]
+    assert not torch.equal(train.response_logprobs(policy, first)[0], first.old_logp)  # pi_old is the sampling policy
+    # a second pass over the same mini-batches, pi_old kept: the ratio of the first mini-batch now differs from 1
+    again = train.update_policy(policy, minis, args.loss)
+    assert again["ratio_mean"] != 1.0 and again["approx_kl"] > 0
+    args2, twice, minis2 = policy_and_minis(2)
+    two = train.update_policy(twice, minis2, args2.loss, epochs=args2.ppo_epochs)
+    assert torch.equal(weights(twice), weights(policy)) and two["optimizer_steps"] == 4
+    assert two["ratio_mean"] != one["ratio_mean"]
+
+
 @pytest.mark.slow
 def test_a_run_killed_during_an_evaluation_evaluates_that_step_on_resume(tmp_path, tiny_model_path):
     """Step 2's checkpoint is written before its evaluation: killed during that evaluation (kill -9), the resumed run

@@ -24,7 +24,9 @@ CONFIGS = {
     # dynamic clipping (arXiv 2602.09782) on GRPO's PPO-clip objective, the algorithm its authors apply it to
     "grpo_dyn_id": ["--algo", "grpo", "--dynamic-clip", "id"],
     "grpo_dyn_did": ["--algo", "grpo", "--dynamic-clip", "did"],
-    "grpo_dyn_od": ["--algo", "grpo", "--dynamic-clip", "od"],
+    # OD's H_init: the first step's measured entropy (what the merge study ran), or the public defaults' fixed 0.5
+    "grpo_dyn_od": ["--algo", "grpo", "--dynamic-clip", "od", "--od-initial-entropy", "0"],
+    "grpo_dyn_od_h0.5": ["--algo", "grpo", "--dynamic-clip", "od", "--od-initial-entropy", "0.5"],
     "ce_gppo_0.5_1_dyn_id": ["--algo", "ce_gppo", "--beta1", "0.5", "--beta2", "1", "--dynamic-clip", "id"],  # an extension
     "entropy_0.001": PPO + ["--entropy-coef", "0.001"],  # the paper's §4 entropy-regularisation baseline values
     "entropy_0.003": PPO + ["--entropy-coef", "0.003"],

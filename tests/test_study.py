@@ -299,3 +299,14 @@ def test_a_warm_start_with_another_hash_stops_the_study(tmp_path, tiny_model_pat
                                          "but the runs of s.json started from 0000000000000000 (AMD EPYC, AVX2)")
     runs = {"grpo": {"0": {"steps_done": 2}}, study.WARM_START: {"sha256": have}, study.SUPERSEDED: {"grpo": {}}}
     assert list(study.configurations(runs)) == ["grpo"]  # neither key is tabulated as a configuration
+
+
+def test_parallel_runs_get_disjoint_cores(monkeypatch):
+    """--parallel N pins each run at once to its own share of the cores this process may use (never two runs on one
+    core), and refuses more runs at once than cores."""
+    monkeypatch.setattr(study.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 5})
+    assert study.core_groups(1) == [[0, 1, 2, 3, 5]]
+    assert study.core_groups(2) == [[0, 1], [2, 3]]
+    assert study.core_groups(5) == [[0], [1], [2], [3], [5]]
+    with pytest.raises(SystemExit, match="--parallel 6 needs as many cores"):
+        study.core_groups(6)

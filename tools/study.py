@@ -30,6 +30,7 @@ import concurrent.futures
 import json
 import math
 import os
+import queue
 import subprocess
 import sys
 import textwrap
@@ -140,7 +141,7 @@ def settle_segment(out: str, to_step) -> None:
     os.remove(path)
 
 
-def open_segment(out: str, threads, from_step: int, logged_before) -> None:
+def open_segment(out: str, threads: int, from_step: int, logged_before) -> None:
     """Note a run segment as it starts (which machine, from which step), so that a study killed mid-run still leaves
     a record of it: close_segment completes it into the run's hardware.jsonl; one never completed is settled there,
     as interrupted, when the run next starts (and shown so by hardware_segments until then)."""
@@ -148,7 +149,7 @@ def open_segment(out: str, threads, from_step: int, logged_before) -> None:
     settle_segment(out, logged_before)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(pending_segment(out), "w") as f:
-        json.dump({"cpu": cpu_model(), "threads": threads or os.cpu_count(), "from_step": from_step,
+        json.dump({"cpu": cpu_model(), "threads": threads, "from_step": from_step,
                    "logged_before": logged_before, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, f)
 
 
@@ -177,8 +178,22 @@ def hardware_segments(out: str, rows: list[dict]) -> list[dict]:
     return segments
 
 
-def run_one(preset, name, seed, steps, out, extra, threads=None):
-    """Train one configuration and seed to `steps`, resuming it if a checkpoint exists; returns seconds taken."""
+def core_groups(parallel: int) -> list[list[int]]:
+    """The cores this process may use (its affinity: `taskset -c 1 python -m tools.study` keeps the study on core 1), in
+    `parallel` disjoint groups, one per run at once. Each run is pinned to its group with one torch thread per core:
+    two torch processes spinning threads on the same cores slow each other many times over, and a run's numbers
+    depend on its thread count, which the run's hardware.jsonl records."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < parallel:
+        raise SystemExit(f"study.py: error: --parallel {parallel} needs as many cores; this process may use {len(cores)}")
+    size = len(cores) // parallel
+    return [cores[i * size:(i + 1) * size] for i in range(parallel)]
+
+
+def run_one(preset, name, seed, steps, out, extra, cores=None):
+    """Train one configuration and seed to `steps`, resuming it if a checkpoint exists, pinned to `cores` (default:
+    all this process may use) with one torch thread each; returns seconds taken."""
+    cores = cores or sorted(os.sched_getaffinity(0))
     from cegppo_utils import runfolder as RF
     done = dedupe_steps(RF.read_jsonl(os.path.join(out, "metrics.jsonl")))
     if os.path.exists(os.path.join(out, "final", "config.json")) and done and done[-1]["step"] >= steps:
@@ -193,13 +208,14 @@ def run_one(preset, name, seed, steps, out, extra, threads=None):
     if os.path.exists(os.path.join(out, "config.json")):
         flags.append("--resume")  # from its last checkpoint, or from step 0 if it died before the first
         first, logged = prepare_resume(out, log=lambda line: print(f"[study] {name} seed {seed}: {line}", flush=True))
-    open_segment(out, threads, first, logged)  # which machine runs which steps, kept even if this process is killed
+    open_segment(out, len(cores), first, logged)  # which machine runs which steps, kept even if this process is killed
     start, code = time.time(), None
     print(f"[study] {name} seed {seed} ...", flush=True)
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    env = {**os.environ, "OMP_NUM_THREADS": str(len(cores))}
     try:
         run = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *flags], cwd=ROOT, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: os.sched_setaffinity(0, cores))  # the engine binds to these too
         code = run.returncode
     finally:
         rows = dedupe_steps(RF.read_jsonl(os.path.join(out, "metrics.jsonl")))
@@ -848,7 +864,7 @@ def main():
                         "(default: docs/figures/mechanism-<preset>-warm.json, where it exists)")
     parser.add_argument("--plot-only", action="store_true", help="only redraw from existing runs (the report mode)")
     parser.add_argument("--no-plot", action="store_true", help="only run, do not draw")
-    parser.add_argument("--parallel", type=int, default=1, help="runs at once (each gets cores / parallel threads)")
+    parser.add_argument("--parallel", type=int, default=1, help="runs at once, each pinned to cores / parallel cores")
     args, train_flags = parser.parse_known_args()  # any other flag is a train.py flag, for every run
     # Every input error ends here, in one line with exit code 2, before any run starts.
     for token in flags.dash_flags(train_flags):
@@ -887,10 +903,19 @@ def main():
         warm_start = check_warm_start(load_study(json_path), models.resolve_model(settings.model), json_path)
     if not args.plot_only:
         jobs = [(name, seed) for seed in seeds for name in names]  # seed-major: an interrupted study has whole seeds first
-        threads = max(1, (os.cpu_count() or 1) // args.parallel) if args.parallel > 1 else None
+        free = queue.Queue()
+        for group in core_groups(args.parallel):
+            free.put(group)
+
+        def pinned(name, seed):  # a run takes a free group of cores and gives it back when it ends
+            cores = free.get()
+            try:
+                return run_one(args.preset, name, seed, args.steps, os.path.join(root, f"{name}-s{seed}"), extra, cores)
+            finally:
+                free.put(cores)
+
         with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
-            futures = [pool.submit(run_one, args.preset, name, seed, args.steps, os.path.join(root, f"{name}-s{seed}"),
-                                   extra, threads) for name, seed in jobs]
+            futures = [pool.submit(pinned, name, seed) for name, seed in jobs]
             failed = [str(f.exception()) for f in futures if f.exception()]
         if failed:
             sys.exit("\n".join(failed))

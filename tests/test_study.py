@@ -82,14 +82,19 @@ def test_verdicts_read_the_intervals_as_the_protocol_says():
     assert row["(0.5, 1) - dapo, final avg@k"].endswith("**fewer than 2 seeds** |")
     assert row["(0.5, 1): last-10 - first-10 entropy"].endswith("**holds** |")  # entropy rose: stable
     assert row["grpo_dyn_did - grpo, final avg@k"].endswith("**does not hold** |")
-    assert row["grpo_dyn_id - grpo, final avg@k"].endswith("**holds** |")  # equal accuracy is not a loss
+    assert row["grpo_dyn_id - grpo, final avg@k"].endswith("**no loss detected, none excluded** |")  # equal accuracy
     assert row["grpo_dyn_id - grpo, last-10 entropy"].endswith("**not resolved** |")
     assert row["entropy_0.003: mean last-10 / first-10 entropy"].endswith("1.65 | > 1.5 | **holds** |")
     lines = text.splitlines()
     assert any("grpo_dyn_id follows" in x and x.endswith("**holds** |") and "3 of 3 runs" in x for x in lines)
-    assert any("grpo_dyn_did follows" in x and x.endswith("**does not hold** |") for x in lines)
+    assert any("grpo_dyn_did follows" in x and x.endswith("**shape not seen** |") for x in lines)
     assert any("grpo_dyn_od oscillates" in x and "[4, 4, 4]" in x and x.endswith("**holds** |") for x in lines)
     assert study.best_dynamic(study_dict) == "grpo_dyn_id"  # ID and OD tie on accuracy: ID
+    flat = dict(study_dict, grpo_dyn_od={s: run(0.5, 0.2, 0.1, od=lambda t: 0) for s in "012"},
+                **{"entropy_0.003": {"0": run(0.5, 0.2, 0.15)}})
+    lines = study.verdicts(flat).splitlines()
+    assert any("grpo_dyn_od oscillates" in x and x.endswith("**not exercised (it never switched)** |") for x in lines)
+    assert any("bonus of 0.003 explodes" in x and "not a test of" in x and x.endswith("**not seen** |") for x in lines)
     assert study.judge((3, -0.1, [-0.2, -0.01]), "above") == "reversed"
 
 

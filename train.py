@@ -58,16 +58,12 @@ from cegppo_utils.flags import Args
 def main(args: Args):
     run = start_run(args)  # checks, data, model, optimizer, sampler, resume: everything before the first step
     policy = run.policy
-    if args.eval_before_train and run.loop.step == 0:  # the starting weights' score, logged as step 0
-        RF.append_jsonl(run.metrics_path, [evaluation_row(run, args, step=0)])
-    if run.lost_row:  # resumed from a checkpoint whose step's evaluation never finished: it runs now, as it would have
-        RF.append_jsonl(run.metrics_path, [{**run.lost_row, **evaluation_row(run, args, run.lost_row["step"])}])
+    evaluations_before_the_loop(run, args)  # step 0's score; after a resume, an evaluation its checkpoint lacks
     for step in run.bar:
         clock = [time.perf_counter()]
         batch = run.stream.next_batch(args.gen_prompts)
         # 1. rollout: this rank samples its share of the batch from the current weights (synced into the sampler)
         groups, sync_gap = sample_groups(run.sampler, policy.model, run.tokenizer, batch, args, step)
-        RF.crash_point(f"sampling:{step + 1}")
         clock.append(time.perf_counter())
         # 2. reward: +1 / -1 per response; every rank then holds the whole batch's rewards
         rewards, lengths, finished, reward_stats = score_groups(groups, args, run.device)
@@ -78,7 +74,8 @@ def main(args: Args):
         # the step's objective (--adaptive-entropy: this step's coefficient) decides which responses must run
         cfg = step_loss_config(args.loss, run.loop)
         minis = make_mini_batches(policy, mini_batch_sequences(kept, groups, advantages, correct, args), cfg)
-        # 5. old log-probs from the weights that sampled, and the rollout correction's weights
+        # 5. old log-probs from the weights that sampled (the first mini-batch's: its own first forward in stage 6,
+        # where the weights are still those), and the rollout correction's weights
         update = old_logprobs(policy, minis, args.rollout_correction, args.rollout_correction_threshold) if kept else {}
         # 6. one optimizer step per mini-batch of kept groups, in ppo_epochs passes over them
         if kept:
@@ -137,6 +134,7 @@ def sample_groups(sampler, model, tokenizer, batch, args, step) -> tuple[dict[in
                                    min_tokens=args.min_response_len, seed=seed,
                                    logprobs=args.rollout_correction != "none", progress=False)
     sampler.sleep()
+    RF.crash_point(f"sampling:{step + 1}")  # tests stop a run here (TRAIN_CRASH_AT)
     return {i: Group(batch[i], ids, c) for i, ids, c in zip(mine, prompt_ids, completions)}, sync_gap
 
 
@@ -371,6 +369,16 @@ def advance_od_state(loop: LoopState, cfg: L.LossConfig, entropy: float, progres
     return loop.od_state
 
 
+def evaluations_before_the_loop(run: Run, args):
+    """The starting weights' held-out score, logged as step 0; and after a resume from a checkpoint whose step's
+    evaluation never finished (the run stopped during it), that evaluation, logged with the checkpoint's own row as an
+    uninterrupted run would have logged it."""
+    if args.eval_before_train and run.loop.step == 0:
+        RF.append_jsonl(run.metrics_path, [evaluation_row(run, args, step=0)])
+    if run.lost_row:
+        RF.append_jsonl(run.metrics_path, [{**run.lost_row, **evaluation_row(run, args, run.lost_row["step"])}])
+
+
 def evaluates_at(args, done: int) -> bool:
     """Whether step `done` (counted from 1) ends with a held-out evaluation."""
     return bool(args.eval_every) and (done % args.eval_every == 0 or done == args.max_steps)
@@ -398,7 +406,11 @@ def evaluation_row(run: Run, args, step: int) -> dict:
                    [{"step": step, "id": p["id"], "answer": p["answer"], "responses": [c.text for c in g], "correct": c}
                     for p, g, c in zip(mine, groups, correct_lists)])
     correct, count = D.all_reduce([heldout.avg_at_k(correct_lists) * len(mine) if mine else 0.0, len(mine)], run.device)
-    return {"step": step, "eval_acc": correct / count, "eval_seed": seed, "time_eval_s": time.perf_counter() - start}
+    seconds = time.perf_counter() - start
+    if D.is_main():
+        k = run.eval_settings["k"]
+        run.bar.write(f"step {step}: held-out avg@{k} {100 * correct / count:.1f}% ({seconds:.0f} s)")
+    return {"step": step, "eval_acc": correct / count, "eval_seed": seed, "time_eval_s": seconds}
 
 
 def eval_settings(args, log=print) -> dict:

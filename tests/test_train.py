@@ -345,9 +345,10 @@ def fixed_groups(seed=0, groups=4, n=4):
             for _ in range(groups * n)]
 
 
-# Their token loss picks tokens among those of one policy_loss call (Cov's means, the draw, the top-k), as verl's: split
-# into micro-batches, the picks change, so the micro-batch losses do not add up to the one-piece mini-batch loss.
-PICK_WITHIN_A_CALL = ("clip_cov", "kl_cov")
+# Their token loss picks tokens among those of one policy_loss call (Cov's means, the draw, the top-k; M2PO's mask), as
+# verl's and AReaL's: split into micro-batches, the picks change, so the micro-batch losses do not add up to the
+# one-piece mini-batch loss.
+PICK_WITHIN_A_CALL = ("clip_cov", "kl_cov", "m2po")
 
 
 @pytest.mark.slow
@@ -392,10 +393,11 @@ def test_every_loss_through_update_policy_matches_a_one_piece_computation(varian
         lengths = whole.response_mask.sum(-1)
         totals = train.L.Totals(lengths.sum(), len(mini), (lengths * whole.correct).sum())
         for mb in [train.collate(mini[j:j + 2], 0, cpu) for j in range(0, len(mini), 2)] if per_call else [whole]:
-            old, _, _ = train.response_logprobs(train.make_policy(args, start, sgd, 0, cpu), mb)  # the sampling weights
+            # the sampling weights' log-probs and entropy (ERC's H_old)
+            old, old_entropy, _ = train.response_logprobs(train.make_policy(args, start, sgd, 0, cpu), mb)
             logp, entropy, _ = train.response_logprobs(train.make_policy(args, reference, sgd, 0, cpu), mb, grad=True)
             loss, _ = train.L.policy_loss(logp, old, mb.advantages, mb.response_mask, args.loss, entropy=entropy,
-                                          correct=mb.correct, ref_logp=old,
+                                          old_entropy=old_entropy, correct=mb.correct, ref_logp=old,
                                           totals=totals if per_call else train.L.Totals())
             loss.backward()
         sgd.step()
@@ -535,7 +537,10 @@ def test_evaluation_from_step_0_and_checkpoints_evaluable_as_they_are(tmp_path, 
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [0, 1, 2] and set(rows[0]) == {"step", "eval_acc", "eval_seed", "time_eval_s"}
     assert "eval_acc" in rows[2] and "held-out avg@k: step 0" in out.stdout
-    for step in (0, 2):
+    for step in (0, 2):  # each evaluation's score on the screen as it ends
+        assert f"step {step}: held-out avg@" in out.stdout
+        assert f"% ({rows[step]['time_eval_s']:.0f} s)" in out.stdout.split(f"step {step}: held-out avg@")[1].split("\n")[0]
+        assert f" {100 * rows[step]['eval_acc']:.1f}% (" in out.stdout.split(f"step {step}: held-out avg@")[1].split("\n")[0]
         records = [json.loads(line) for line in (tmp_path / "run" / "eval" / f"step_{step:06d}.jsonl").read_text().splitlines()]
         assert len(records) > 0 and all(len(r["responses"]) == len(r["correct"]) for r in records)
         assert sum(sum(r["correct"]) / len(r["correct"]) for r in records) / len(records) == pytest.approx(rows[step]["eval_acc"])

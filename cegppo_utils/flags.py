@@ -97,6 +97,13 @@ PRESETS = {
                   micro_batch_size=16, max_prompt_len=64, max_response_len=128, output_dir="runs/merge", max_steps=200,
                   save_every=25, eval_every=25, eval_before_train=True, log_samples_every=25, algo="ce_gppo",
                   algo_options={}),
+    # `merge` where the clip binds (docs/study-protocol-active.md): lr 2e-4 and mini-batches of 1 prompt, 8 optimizer
+    # steps per rollout batch as the official scripts make; chosen on GRPO alone by that protocol's rule (at least 1% of
+    # tokens outside the clip interval, GRPO learns, no collapse) from a grid of lr x optimizer steps per batch.
+    "merge-active": dict(model="tiny:merge", train_data="merge", lr=2e-4, gen_prompts=8, train_prompts=8,
+                         mini_batch_prompts=1, micro_batch_size=8, max_prompt_len=64, max_response_len=128,
+                         output_dir="runs/merge-active", max_steps=200, save_every=25, eval_every=25,
+                         eval_before_train=True, log_samples_every=25, algo="ce_gppo", algo_options={}),
     # Official CE-GPPO script for DeepSeek-R1-Distill-Qwen-1.5B. Code vs paper text: the 0.1 positive-example LM
     # loss and dual clip 10 are in the code, not the paper; the token mean is exact here (the official code
     # approximates it per micro-batch). Evaluation (not in the official training script's cadence): AIME24, the

@@ -48,7 +48,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 import loss as L
 import reward
 import rollout
-from cegppo_utils import correction, data, flags, heldout, logprobs, models, plot
+from cegppo_utils import attention, correction, data, flags, heldout, logprobs, models, plot
 from cegppo_utils import distributed as D
 from cegppo_utils import runfolder as RF
 from cegppo_utils.data import UserError
@@ -567,6 +567,9 @@ def load_policy(args, model_path, device, prompts):
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model = D.shard_model(model, args.precision) if D.world_size() > 1 else model.to(device)
+    # attention per sequence (varlen kernels on a GPU): packed rows and padded micro-batches pay sum_i l_i^2, never an
+    # [L, L] mask (cegppo_utils/attention.py); sdpa where the model's attention cannot take it
+    attention.use(model)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     autocast_dtype = torch.bfloat16 if args.precision == "bf16" else None
@@ -580,6 +583,7 @@ def load_policy(args, model_path, device, prompts):
         policy.ref_model = D.shard_model(ref, args.precision) if D.world_size() > 1 else ref.to(device)
     return policy, tokenizer
 
+        attention.use(ref)
 
 def _model_context(model_path) -> int | None:
     """The model's max_position_embeddings, read from its config before any weights; None if it has none."""

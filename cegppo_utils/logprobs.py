@@ -450,10 +450,10 @@ def hidden_logprobs_and_entropy(
 # Models that post-process the logits (softcapping, a logit scale) would silently lose it: check_fused() tells.
 # Packed rows (packed=Packing): several sequences in one row [1, L], position ids restarting at 0 for each, no attention
 # mask, and logits_to_keep the 1-D tensor of the positions that predict response tokens (HF indexes the hidden states
-# with it). Attention must not cross sequences: transformers 5 infers the sequences from the restarting position ids
-# when attention_mask is None (masking_utils.find_packed_sequence_indices) and masks per sequence (sdpa/eager: a
-# block-diagonal causal mask; flash_attention_2: cu_seqlens from the position ids). tests/test_logprobs.py checks that
-# a packed row gives what separate padded rows give, so a transformers that stopped doing this would fail there.
+# with it). Attention must not cross sequences: the training model runs cegppo_utils/attention.py, which finds the
+# sequences from the restarting position ids and attends within each (varlen kernels on a GPU); under transformers'
+# own sdpa / eager a block-diagonal causal mask over the whole row does the same at L^2 cost. tests/test_logprobs.py
+# checks that a packed row gives what separate padded rows give, through either.
 
 class Packing(NamedTuple):
     """Where the response tokens of a packed row are (train.pack): sequences concatenated into input_ids [1, L], position

@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import ROOT
 
+from cegppo_utils import attention
 from cegppo_utils import logprobs as LP
 
 
@@ -320,17 +321,62 @@ LENGTHS = dict(prompts=(5, 2, 7, 1, 3), responses=(6, 9, 1, 4, 12))  # mixed len
 
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_packed_row_matches_padded_rows(fused, checkpointing):
-    """One row of five sequences gives the log-probs, entropies and gradients of the padded batch to fp32 accuracy:
-    attention stays within each sequence (were it to cross, every sequence after the first would differ)."""
+@pytest.mark.parametrize("attn", ["sdpa", attention.NAME])
+def test_packed_row_matches_padded_rows(fused, checkpointing, attn):
+    """One row of five sequences gives the log-probs, entropies and gradients of the padded batch (under transformers'
+    sdpa) to fp32 accuracy: attention stays within each sequence (were it to cross, every sequence after the first
+    would differ), under sdpa's block-diagonal mask and under attention.py's per-sequence attention, which also takes
+    the padded batch itself (its padding is left out of attention, not masked)."""
+    reference = tiny_qwen2(tied=False, seed=4)
+    want = run_model(reference, padded_batch(seed=4, **LENGTHS), fused=False)
     model = tiny_qwen2(tied=False, seed=4)
+    if attn != "sdpa":
+        assert attention.use(model) == attn
     if checkpointing:
         model.gradient_checkpointing_enable()
         model.train()
-    want = run_model(model, padded_batch(seed=4, **LENGTHS), fused=False)
     got = run_model(model, packed_batch(seed=4, **LENGTHS), fused=fused)
     assert_same_run(got, want, tol=2e-5)
     assert "forward" not in model.get_output_embeddings().__dict__
+    assert_same_run(run_model(model, padded_batch(seed=4, **LENGTHS), fused=fused), want, tol=2e-5)
+
+
+def test_per_sequence_attention_builds_no_square_mask(monkeypatch):
+    """Padded and packed micro-batches reach the kernel as sequences with no mask at all, one causal sdpa per sequence
+    on a CPU (kernel_for), and attention over a sequence's tokens only: the padded batch's 3 rows and the packed row's
+    5 sequences, each of its own length."""
+    model = tiny_qwen2(tied=False, seed=4)
+    attention.use(model)
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, **kwargs):
+        calls.append((q.shape[2], attn_mask, kwargs.get("is_causal")))
+        return real(q, k, v, attn_mask=attn_mask, **kwargs)
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording)
+    layers = model.config.num_hidden_layers
+    for batch, lengths in ((padded_batch(seed=4), [5 + 6, 2 + 9, 7 + 1]),
+                           (packed_batch(seed=4, **LENGTHS), [p + r for p, r in zip(*LENGTHS.values())])):
+        calls.clear()
+        with torch.no_grad():
+            LP.model_logprobs(model, *batch[:4], packed=batch[5] if len(batch) > 5 else None)
+        assert [n for n, _, _ in calls] == lengths * layers
+        assert all(mask is None and causal for _, mask, causal in calls)
+    assert attention.kernel_for(torch.zeros(1, dtype=torch.bfloat16)) == "sdpa_per_sequence"  # CPU
+    layout = attention.layout(None, torch.tensor([[0, 1, 2, 0, 1, 0, 5, 6]]), 1, 8, "cpu")
+    assert layout.lengths == [3, 2, 1, 2] and layout.cu_seqlens.tolist() == [0, 3, 5, 6, 8] and layout.index is None
+    assert layout.cu_seqlens.dtype == torch.int32 and layout.max_len == 3
+
+
+def test_per_sequence_attention_generates_as_sdpa_with_a_kv_cache():
+    """HF generate on the training model (the hf sampler): left-padded prompts, then decoding steps with a KV cache
+    (queries fewer than keys, attention under the shifted causal and padding mask): greedy tokens as under sdpa."""
+    reference, model = tiny_qwen2(tied=False, seed=6), tiny_qwen2(tied=False, seed=6)
+    attention.use(model)
+    ids, mask, *_ = padded_batch(seed=6, responses=(0, 0, 0))
+    out = [m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+           for m in (reference, model)]
+    assert torch.equal(out[0], out[1]) and out[0].shape[1] == ids.shape[1] + 6
 
 
 def test_packed_row_truncation_matches_padded_rows():

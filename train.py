@@ -564,12 +564,12 @@ def load_policy(args, model_path, device, prompts):
                         f"{longest} tokens; raise the limit or drop those rows")
     torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    model = D.shard_model(model, args.precision) if D.world_size() > 1 else model.to(device)
     # attention per sequence (varlen kernels on a GPU): packed rows and padded micro-batches pay sum_i l_i^2, never an
     # [L, L] mask (cegppo_utils/attention.py); sdpa where the model's attention cannot take it
     attention.use(model)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model = D.shard_model(model, args.precision) if D.world_size() > 1 else model.to(device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     autocast_dtype = torch.bfloat16 if args.precision == "bf16" else None
@@ -580,10 +580,10 @@ def load_policy(args, model_path, device, prompts):
     policy = make_policy(args, model, optimizer, pad_id, device, fused)
     if args.loss.kl_coef:  # a second copy of the starting weights, frozen, sharded like the policy (README: its memory)
         ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).requires_grad_(False).eval()
+        attention.use(ref)
         policy.ref_model = D.shard_model(ref, args.precision) if D.world_size() > 1 else ref.to(device)
     return policy, tokenizer
 
-        attention.use(ref)
 
 def _model_context(model_path) -> int | None:
     """The model's max_position_embeddings, read from its config before any weights; None if it has none."""

@@ -21,7 +21,7 @@ import torch
 
 from cegppo_utils import distributed as D
 from cegppo_utils import logprobs
-from loss import LOG_RATIO_CLAMP
+from loss import LOG_RATIO_CLAMP, quantile
 
 MODES = ("none", "token-tis", "token-mis", "seq-tis", "seq-mis")
 
@@ -38,7 +38,7 @@ def correct(micro_batches, mode: str, threshold: float, device) -> dict:
             mb.weights, log_rho, flags = importance_weights(trainer_logp, mb.sampler_logp, mb.response_mask, mode,
                                                             threshold)
             log_rhos.append(log_rho), corrected.append(flags)
-    return reduced_metrics(log_rhos, corrected, device)
+    return {**reduced_metrics(log_rhos, corrected, device), **outside_kept_set(micro_batches, device)}
 
 
 def importance_weights(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, mode: str,
@@ -78,7 +78,7 @@ def metrics(log_rho: torch.Tensor, corrected: torch.Tensor) -> dict:
     rho = log_rho.double().exp()
     return {"rollout_kl_k3": (rho - 1 - log_rho.double()).mean().item(), "rollout_ratio_min": rho.min().item(),
             "rollout_ratio_mean": rho.mean().item(), "rollout_ratio_max": rho.max().item(),
-            "rollout_abs_log_ratio_p99": torch.quantile(log_rho.abs().float(), 0.99).item(),
+            "rollout_abs_log_ratio_p99": quantile(log_rho.abs().float(), 0.99).item(),
             "rollout_corrected_frac": corrected.float().mean().item() if corrected.numel() else 0.0}
 
 
@@ -98,3 +98,20 @@ def reduced_metrics(log_rhos, corrected, device) -> dict:
              rollout_ratio_max=D.all_reduce([m["rollout_ratio_max"]], device, op="max")[0],
              rollout_abs_log_ratio_p99=D.all_reduce([m["rollout_abs_log_ratio_p99"]], device, op="max")[0])
     return m
+
+
+def outside_kept_set(micro_batches, device) -> dict:
+    """Sampled tokens that the trainer's kept set (logprobs.Truncation, vLLM's top-k / top-p rule on the trainer's
+    distribution) leaves out, over every rank's response tokens. Their trainer log-prob over the sampler's support is
+    -inf, so their weight is ~0 (log rho clamped at -LOG_RATIO_CLAMP; under seq-* their response's): logged, never
+    silent. On CUDA vLLM finds its top-k / top-p cut-off with a Triton kernel (a bisection on the threshold, not the
+    sort rule logprobs mirrors), so a token on the boundary can be kept by the sampler and not by the trainer: this
+    counts how often."""
+    outside = total = 0
+    for mbs in micro_batches:
+        for mb in mbs:
+            valid = mb.response_mask > 0
+            outside += (valid & ~mb.kept.inside).sum().item()
+            total += valid.sum().item()
+    outside, total = D.all_reduce([outside, total], device)
+    return {"rollout_outside_kept_tokens": int(outside), "rollout_outside_kept_frac": outside / max(total, 1)}

@@ -1,17 +1,213 @@
-"""The GPU paths: the fused log-probs against the full-logits reference on CUDA (fp32 and bf16 autocast, where the
-GEMMs are real bf16 tensor-core GEMMs, unlike on a CPU), one update through either path, and a short train.py run with
-rollout correction. Every test skips without a CUDA device (CI has none)."""
+"""The GPU paths. On any machine: the code only CUDA runs, through CPU stand-ins (the varlen attention kernels' calls,
+the engine's level-2 sleep), and what only the paper's scale reaches (a quantile over more than 2^24 tokens, a
+sampled token outside the trainer's kept set). On a CUDA device also: the fused log-probs against the full-logits
+reference (fp32 and bf16 autocast, where the GEMMs are real bf16 tensor-core GEMMs, unlike on a CPU), the varlen
+kernels themselves, one update through either path, and a short train.py run with rollout correction; those skip
+without a CUDA device (CI has none)."""
+
+import math
+from types import SimpleNamespace
 
 import pytest
 import torch
-from test_logprobs import assert_same_run, padded_batch, run_model, tiny_qwen2
+from test_logprobs import LENGTHS, assert_same_run, packed_batch, padded_batch, run_model, tiny_qwen2
 from test_train import read_metrics, run_train
 
+import loss as L
+import rollout
+from cegppo_utils import attention, correction
 from cegppo_utils import logprobs as LP
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
 
+
+# --- the varlen attention kernels' calls, on CPU stand-ins -------------------------------------------------------
+
+def reference_attention(q, k, v, cu_seqlens, scale):
+    """Causal attention within each sequence of a [T, heads, head_dim] stream, written out (softmax(q k^T) v)."""
+    out, bounds = [], cu_seqlens.tolist()
+    for a, b in zip(bounds, bounds[1:]):
+        groups = q.shape[1] // k.shape[1]
+        keys, values = k[a:b].repeat_interleave(groups, 1), v[a:b].repeat_interleave(groups, 1)
+        scores = torch.einsum("qhd,khd->hqk", q[a:b], keys) * scale
+        scores = scores.masked_fill(~torch.ones(b - a, b - a, dtype=torch.bool).tril(), -math.inf)
+        out.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), values))
+    return torch.cat(out)
+
+
+def check_stream(q, k, cu_seq_q, cu_seq_k, max_q, max_k):
+    """What every varlen kernel needs: [T, heads, head_dim] tokens, int32 sequence starts on their device."""
+    assert q.dim() == k.dim() == 3 and q.shape[0] == k.shape[0] == int(cu_seq_q[-1])
+    assert cu_seq_q.dtype == torch.int32 and cu_seq_q.device == q.device and torch.equal(cu_seq_q, cu_seq_k)
+    assert max_q == max_k == int(cu_seq_q.diff().max()) and int(cu_seq_q.diff().min()) > 0
+
+
+def torch_varlen_now(calls):
+    """PyTorch's varlen_attn as 2.13 declares it (causal as window_size=(-1, 0); scale; grouped heads)."""
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                    window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
+        check_stream(query, key, cu_seq_q, cu_seq_k, max_q, max_k)
+        assert window_size == (-1, 0) and enable_gqa == (key.shape[1] < query.shape[1]) and scale is not None
+        calls.append(cu_seq_q.diff().tolist())
+        return reference_attention(query, key, value, cu_seq_q, scale)
+    return varlen_attn
+
+
+def torch_varlen_before(calls):
+    """PyTorch's varlen_attn before 2.13: is_causal, no scale (1/sqrt(head_dim)), as many key heads as query heads."""
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+        check_stream(query, key, cu_seq_q, cu_seq_k, max_q, max_k)
+        assert is_causal and key.shape[1] == query.shape[1]
+        calls.append(cu_seq_q.diff().tolist())
+        return reference_attention(query, key, value, cu_seq_q, query.shape[-1] ** -0.5)
+    return varlen_attn
+
+
+def flash_attn_2(calls):
+    """flash_attn.flash_attn_varlen_func (FlashAttention-2)."""
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                               softmax_scale=None, causal=False, **kwargs):
+        check_stream(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        assert causal and dropout_p == 0 and softmax_scale is not None
+        calls.append(cu_seqlens_q.diff().tolist())
+        return reference_attention(q, k, v, cu_seqlens_q, softmax_scale)
+    return flash_attn_varlen_func
+
+
+@pytest.mark.parametrize("kernel, loader, stand_in", [("varlen_attn", "torch_varlen", torch_varlen_now),
+                                                      ("varlen_attn", "torch_varlen", torch_varlen_before),
+                                                      ("flash_attn", "flash_attn_varlen", flash_attn_2)])
+def test_varlen_kernels_are_called_as_they_expect(monkeypatch, kernel, loader, stand_in):
+    """The CUDA kernels' calls, each answered by a written-out attention on the CPU: a packed row and the padded batch
+    give the sdpa reference's log-probs, entropies and gradients, with one call per layer and pass, and the kernel
+    sees the sequences' own lengths (the padding left out)."""
+    calls = []
+    monkeypatch.setattr(attention, "kernel_for", lambda q: kernel)
+    monkeypatch.setattr(attention, loader, lambda: stand_in(calls))
+    want = run_model(tiny_qwen2(tied=False, seed=4), padded_batch(seed=4, **LENGTHS), fused=False)
+    model = tiny_qwen2(tied=False, seed=4)
+    attention.use(model)
+    lengths = [p + r for p, r in zip(*LENGTHS.values())]
+    for batch in (packed_batch(seed=4, **LENGTHS), padded_batch(seed=4, **LENGTHS)):
+        calls.clear()
+        assert_same_run(run_model(model, batch, fused=True), want, tol=2e-5)
+        assert calls == [lengths] * model.config.num_hidden_layers  # forward; backward goes through autograd
+
+
+def test_kernel_for_picks_a_varlen_kernel_for_half_precision_on_cuda(monkeypatch):
+    def on(device, dtype):
+        return SimpleNamespace(device=torch.device(device), dtype=dtype)
+    monkeypatch.setattr(attention, "torch_varlen", lambda: torch_varlen_now([]))
+    monkeypatch.setattr(attention, "flash_attn_varlen", lambda: flash_attn_2([]))
+    assert attention.kernel_for(on("cuda", torch.bfloat16)) == "varlen_attn"
+    assert attention.kernel_for(on("cuda", torch.float32)) == "sdpa_per_sequence"  # the flash kernels take half only
+    assert attention.kernel_for(on("cpu", torch.bfloat16)) == "sdpa_per_sequence"
+    monkeypatch.setattr(attention, "torch_varlen", lambda: None)  # a PyTorch without it
+    assert attention.kernel_for(on("cuda", torch.float16)) == "flash_attn"
+    monkeypatch.setattr(attention, "flash_attn_varlen", lambda: None)
+    assert attention.kernel_for(on("cuda", torch.bfloat16)) == "sdpa_per_sequence"
+
+
+# --- the engine's sleep: level 2 ---------------------------------------------------------------------------------
+
+class FakeLLM:
+    """vllm.LLM as VLLMSampler calls it, recording the calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self):
+        self.calls.append(("wake_up",))
+
+    def collective_rpc(self, method, kwargs):
+        self.calls.append((method, [name for name, _ in kwargs["weights_iterator"]]))
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache",))
+
+    def generate(self, requests, params, use_tqdm):
+        self.calls.append(("generate", len(requests)))
+        return []
+
+
+def test_the_engine_sleeps_at_level_2_and_samples_only_after_a_sync():
+    """Level 2 drops the engine's weights: after wake_up() it refuses to sample until load_weights() has run (the
+    order train.py keeps: wake, sync, check, sample), and it sleeps again at level 2."""
+    sampler = object.__new__(rollout.VLLMSampler)  # its engine start needs vLLM; the methods need only these
+    sampler.llm, sampler.sleep_mode, sampler.asleep, sampler.weights_dropped = FakeLLM(), True, False, False
+    sampler.context_len, sampler.stop_ids, sampler.SamplingParams = 512, [0], dict
+    sampler.generate([[1, 2]], n=1)
+    sampler.sleep()
+    for state in ("asleep", "awake without weights"):
+        with pytest.raises(RuntimeError, match=f"the vLLM engine is {state}: call wake_up"):
+            sampler.generate([[1, 2]], n=1)
+        sampler.wake_up()
+    sampler.load_weights([("w", torch.zeros(1))])
+    sampler.generate([[1, 2]], n=1)
+    sampler.sleep()
+    assert rollout.SLEEP_LEVEL == 2 and sampler.llm.calls == [
+        ("generate", 1), ("sleep", 2), ("wake_up",), ("reload_weights", ["w"]), ("reset_prefix_cache",),
+        ("generate", 1), ("sleep", 2)]
+
+
+# --- what only the paper's scale reaches ---------------------------------------------------------------------------
+
+def test_quantile_is_torch_quantile_bit_for_bit():
+    g = torch.Generator().manual_seed(0)
+    for n in [*range(1, 40), 1000, 4097]:
+        for dtype in (torch.float32, torch.float64):
+            x = torch.randn(n, generator=g, dtype=dtype) * 3
+            x[: n // 3] = x[0]  # ties
+            for q in (0.0, 0.01, 0.2, 1 / 3, 0.5, 0.8, 0.99, 0.999, 1.0):
+                assert torch.equal(L.quantile(x, q), torch.quantile(x, q)), (n, dtype, q)
+
+
+@pytest.mark.slow
+def test_rollout_metrics_and_entropy_quantile_over_more_than_2_24_tokens():
+    """torch.quantile refuses more than 2^24 elements: the rollout correction's p99 of |log rho| and the top-entropy
+    selection take 2^24 + 1 tokens, by torch.quantile's rule (rank q (n - 1) in float32, the two sorted values there
+    interpolated). The values are a shuffled 0, 1, ..., n - 1 (times a scale), so the i-th smallest is i itself."""
+    n = 2**24 + 1
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(0)).float()
+    m = correction.metrics(order * 1e-6, torch.zeros(n, dtype=torch.bool))
+    rank = torch.tensor(0.99) * (n - 1)
+    assert m["rollout_abs_log_ratio_p99"] == pytest.approx(rank.item() * 1e-6, rel=1e-6)
+    chosen = L.high_entropy_tokens(order[None], torch.ones(1, n), 0.2)  # the top 20% by entropy (0 to 2^24: exact)
+    threshold = (torch.tensor(0.8) * (n - 1)).item()  # the rank, and the value there
+    assert chosen.sum().item() == n - math.ceil(threshold)
+    assert chosen[0, order >= threshold].all() and not chosen[0, order < threshold].any()
+
+
+def test_a_sampled_token_outside_the_trainers_kept_set_is_counted():
+    """A sampler whose top-p cut-off differs from the trainer's (vLLM's CUDA kernel bisects for it) can sample a token
+    the trainer's kept set leaves out. Forced here: a response that alternates the trainer's most likely token (always
+    kept) and its least likely one (left out by top-p 0.5 over 300 tokens), the sampler's log-probs equal to the
+    trainer's over its kept set elsewhere. Those tokens' correction weight is ~0, and the step logs how many."""
+    model = tiny_qwen2(tied=True, seed=4).eval()
+    ids = [11, 57, 203, 9, 140]
+    with torch.no_grad():
+        for t in range(8):  # greedy on the trainer, alternating its most and least likely token
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+            ids.append(int(logits.argmax() if t % 2 == 0 else logits.argmin()))
+        full = torch.tensor([ids])
+        logp, _, kept = LP.model_logprobs(model, full, torch.ones_like(full), torch.arange(len(ids))[None],
+                                          full[:, 5:], truncation=(0.5, 0))
+    assert kept.inside.tolist() == [[True, False] * 4]
+    mask, outside = torch.ones(1, 8), ~kept.inside
+    sampler_logp = torch.where(outside, logp, LP.truncated_logprobs(logp, kept))  # the sampler kept them all
+    mb = SimpleNamespace(old_logp=logp, kept=kept, sampler_logp=sampler_logp, response_mask=mask)
+    metrics = correction.correct([[mb]], "token-tis", 2.0, torch.device("cpu"))
+    assert metrics["rollout_outside_kept_tokens"] == 4 and metrics["rollout_outside_kept_frac"] == 0.5
+    assert (mb.weights[outside] < 1e-8).all() and torch.equal(mb.weights[~outside], torch.ones(4))
+    mb.kept = LP.Truncation(torch.zeros(1, 8), torch.ones(1, 8, dtype=torch.bool))  # no truncation: none outside
+    assert correction.correct([[mb]], "token-tis", 2.0, torch.device("cpu"))["rollout_outside_kept_tokens"] == 0
+
+
+# --- on a CUDA device ----------------------------------------------------------------------------------------------
 
 def on_cuda(batch):
     return tuple(t.to(CUDA) for t in batch)
@@ -21,6 +217,7 @@ def to_cpu(run):
     return run[0].cpu(), run[1].cpu(), {n: g.cpu() for n, g in run[2].items()}
 
 
+@needs_cuda
 @pytest.mark.parametrize("tied", [False, True])
 def test_fused_matches_reference_on_cuda(tied):
     model = tiny_qwen2(tied).to(CUDA)
@@ -33,6 +230,7 @@ def test_fused_matches_reference_on_cuda(tied):
     assert LP.check_fused(model) and LP.check_fused(model, autocast_dtype=torch.bfloat16)
 
 
+@needs_cuda
 def test_fused_matches_reference_under_bf16_autocast_on_cuda():
     model = tiny_qwen2(tied=False, seed=2).to(CUDA)
     batch = on_cuda(padded_batch(seed=2))
@@ -46,6 +244,26 @@ def test_fused_matches_reference_under_bf16_autocast_on_cuda():
         assert (got[2][name] - want[2][name]).norm() <= 0.05 * scale + 1e-6, name
 
 
+@needs_cuda
+def test_varlen_attention_on_cuda_matches_sdpa_under_bf16_autocast():
+    """The real kernel (PyTorch's varlen_attn, or FlashAttention-2) on packed and padded micro-batches against
+    transformers' sdpa on the padded batch, all under bf16 autocast: bf16-close, gradient by gradient."""
+    reference, model = tiny_qwen2(tied=False, seed=4).to(CUDA), tiny_qwen2(tied=False, seed=4).to(CUDA)
+    attention.use(model)
+    assert attention.kernel_for(torch.zeros(1, device=CUDA, dtype=torch.bfloat16)) != "sdpa_per_sequence"
+    want = run_model(reference, on_cuda(padded_batch(seed=4, **LENGTHS)), fused=True, autocast_dtype=torch.bfloat16)
+    exact = run_model(reference, on_cuda(padded_batch(seed=4, **LENGTHS)), fused=True)
+    for batch in (packed_batch(seed=4, **LENGTHS), padded_batch(seed=4, **LENGTHS)):
+        batch = tuple(t.to(CUDA) if isinstance(t, torch.Tensor) else t for t in batch[:5]) + tuple(
+            LP.Packing(*(x.to(CUDA) for x in p)) for p in batch[5:])
+        got = run_model(model, batch, fused=True, autocast_dtype=torch.bfloat16)
+        torch.testing.assert_close(got[0], want[0], rtol=0, atol=5e-2)
+        torch.testing.assert_close(got[1], want[1], rtol=0, atol=5e-2)
+        for name in want[2]:
+            assert (got[2][name] - want[2][name]).norm() <= 0.05 * exact[2][name].norm() + 1e-6, name
+
+
+@needs_cuda
 def test_one_update_gives_the_same_parameters_on_cuda():
     params = {}
     for fused in (False, True):
@@ -58,6 +276,7 @@ def test_one_update_gives_the_same_parameters_on_cuda():
         torch.testing.assert_close(params[True][name], params[False][name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+@needs_cuda
 def test_a_bf16_run_with_rollout_correction_on_cuda(tmp_path, tiny_model_path):
     """train.py on the GPU (HF sampler): bf16 training against the fp32 sampler's log-probs, top-p 0.9. The correction's
     ratios are taken over the sampler's support, so their mean stays ~1; bf16 shows as a nonzero mismatch."""

@@ -110,6 +110,12 @@ def shard_model(model, precision):
     return model
 
 
+def place_model(model, precision, device):
+    """The model where this process trains it: under torchrun sharded by FSDP2 (each rank's shard on its own device),
+    else moved whole to `device`, the one init() returned."""
+    return shard_model(model, precision) if world_size() > 1 else model.to(device)
+
+
 def full_named_parameters(model):
     """(name, full tensor) pairs for the weight sync; FSDP2 shards are all-gathered one parameter at a time."""
     from torch.distributed.tensor import DTensor

@@ -40,8 +40,8 @@ for variant, budget in [(a, b) for a in {algos!r} for b in (0, 40)]:  # padded, 
                              "--positive-lm-coef", "0.1", "--grad-clip", "1e9", "--max-prompt-len", "9",
                              "--max-response-len", "12", "--micro-batch-tokens", str(budget)])
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained({model!r}, dtype=torch.float32)
-    model = D.shard_model(model, "fp32") if world > 1 else model
+    model = D.place_model(AutoModelForCausalLM.from_pretrained({model!r}, dtype=torch.float32), "fp32", device)
+    assert world > 1 or next(model.parameters()).device == device  # one process: the device init() returned
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     rng = random.Random(0)
     groups = []
@@ -53,7 +53,7 @@ for variant, budget in [(a, b) for a in {algos!r} for b in (0, 40)]:  # padded, 
     policy = train.make_policy(args, model, optimizer, 0, device)
     if args.loss.kl_coef:  # the frozen reference, sharded like the policy (as train.load_policy)
         ref = AutoModelForCausalLM.from_pretrained({model!r}, dtype=torch.float32).requires_grad_(False).eval()
-        policy.ref_model = D.shard_model(ref, "fp32") if world > 1 else ref
+        policy.ref_model = D.place_model(ref, "fp32", device)
     minis = train.make_mini_batches(policy, mini_batches, args.loss)
     train.old_logprobs(policy, minis)
     metrics = train.update_policy(policy, minis, args.loss)
@@ -99,7 +99,8 @@ ALGOS = ("ce_gppo", "grpo", "grpo+kl")  # token-mean and seq-mean-token-mean; th
 @pytest.mark.slow
 def test_two_ranks_update_like_one_process(tmp_path, tiny_model_path):
     """Padded or packed (--micro-batch-tokens) micro-batches, on two ranks or one: each update is one process's
-    padded update."""
+    padded update. Where a GPU answers each rank needs its own: checked before anything runs."""
+    enough_devices(2)
     ones, twos = run_worker(tmp_path, tiny_model_path, 1), run_worker(tmp_path, tiny_model_path, 2)
     from safetensors.torch import load_file
     start = load_file(os.path.join(tiny_model_path, "model.safetensors"))
@@ -120,6 +121,29 @@ def test_two_ranks_update_like_one_process(tmp_path, tiny_model_path):
     assert any(not torch.equal(ones["ce_gppo/0"]["params"][k], ones["grpo/0"]["params"][k]) for k in start)  # two losses ran
     assert twos["grpo+kl/0"]["metrics"]["kl_loss"] > 0 and "kl_loss" not in twos["grpo/0"]["metrics"]  # the KL term ran on 2 ranks
     assert any(not torch.equal(ones["grpo+kl/0"]["params"][k], ones["grpo/0"]["params"][k]) for k in start)
+
+
+def test_the_worker_places_its_model_on_the_device_init_returns():
+    """One process: the model moves to init()'s device (on a GPU machine, cuda; a device other than the CPU's default
+    here, meta, shows the move); under torchrun FSDP2 shards it onto each rank's device instead."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from cegppo_utils import distributed as D
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    placed = D.place_model(model, "fp32", torch.device("meta"))
+    assert {p.device.type for p in placed.parameters()} == {"meta"}
+    assert WORKER.count("D.place_model(") == 2  # the policy and the KL reference
+
+
+def test_two_ranks_skips_on_a_one_gpu_machine_before_running_anything(monkeypatch, tmp_path):
+    ran = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(sys.modules[__name__], "run_worker", lambda *a: ran.append(a))
+    with pytest.raises(pytest.skip.Exception, match="2 ranks need 2 GPUs here; 1 answer"):
+        test_two_ranks_update_like_one_process(tmp_path, "unused")
+    assert ran == []
 
 
 @pytest.mark.slow

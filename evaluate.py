@@ -228,7 +228,10 @@ def parse_args(argv=None):
     parser.add_argument("--dtype", default="auto", choices=DTYPES, help="model dtype for vLLM")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     args = parser.parse_args(argv)
-    args.benchmarks = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
+    # a leading ~ is the home folder, also where no shell expanded it (--output=~/r.json)
+    args.model, args.output = os.path.expanduser(args.model), os.path.expanduser(args.output)
+    args.data_dir = args.data_dir and os.path.expanduser(args.data_dir)
+    args.benchmarks = [os.path.expanduser(b.strip()) for b in args.benchmarks.split(",") if b.strip()]
     # Upper bounds are what torch and the samplers take (torch.manual_seed takes 64 bits; the vLLM engine's own
     # seed, 32, gets seed mod 2**32, so train.py's eval_seed reproduces; a temperature below 0.01 divides logits
     # into inf in float32 with HF generate). Checked as train.py's flags are: loss.Rule.
@@ -254,57 +257,13 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    out_dir = os.path.dirname(os.path.abspath(args.output))
-    if os.path.isdir(args.output):  # found now, not after every benchmark has been sampled
-        raise UserError(f"--output {args.output} is a folder; name a file, "
-                        f"e.g. {os.path.join(args.output, 'results.json')}")
-    if os.path.lexists(args.output) and not os.path.isfile(args.output):
-        raise UserError(f"--output {args.output} exists and is not a regular file")
-    if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
-        raise UserError(f"--output {args.output}: cannot write in {out_dir}")
+    check_output(args.output)
     problems = {b: data.load_benchmark(b, args.data_dir, args.limit) for b in args.benchmarks}  # bad data fails now
     print(f"evaluate.py: {', '.join(f'{b} ({len(p)} problems)' for b, p in problems.items())}; loading {args.model} "
           f"and the {args.sampler} sampler ...", flush=True)  # the libraries and the engine take ~30 s on a CPU
-
-    import torch
-    import transformers
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    import rollout
-    from cegppo_utils import models
-    from cegppo_utils import runfolder as RF
-    transformers.utils.logging.disable_progress_bar()
-    # a checkpoint is exported once (beside it, or into a cache where it cannot be written) before models looks at it
-    if os.path.isfile(os.path.join(args.model, ".metadata")):  # a checkpoint, or a .tmp one whose write did not finish
-        RF.check_finished(args.model)
-    source = RF.exported(args.model) if os.path.isdir(args.model) and RF.is_checkpoint(args.model) else args.model
-    model_path = models.resolve_model(source)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-        context = AutoConfig.from_pretrained(model_path).max_position_embeddings
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # an unknown model_type, a broken file
-        raise UserError(f"--model {args.model}: cannot load its tokenizer and config "
-                        f"({type(e).__name__}: {data.first_line(e)})") from None
-    plan = {}  # benchmark -> (problems that fit, skipped ids, longest prompt, k, max tokens)
-    for b in args.benchmarks:
-        settings = heldout.sampling_settings(b)
-        k, budget = args.k or settings["k"], args.max_tokens or settings["max_tokens"]
-        if not args.max_tokens and budget >= context:  # a default budget the model cannot hold: half its context
-            budget = context // 2
-            print(f"{b}: the default budget of {settings['max_tokens']} tokens exceeds {args.model}'s context of "
-                  f"{context}; using {budget} (set --max-tokens to choose)")
-        fits, skipped, longest = check_fit(problems[b], tokenizer, budget, context, b, args.skip_long)
-        plan[b] = (fits, skipped, longest, k, budget)
-    model = None
-    if args.sampler == "hf" or (args.sampler == "auto" and not rollout.vllm_available()):
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        sampler = rollout.make_sampler("hf", model_path, model=model, tokenizer=tokenizer)
-    else:
-        need = max(longest + budget for _, _, longest, _, budget in plan.values())
-        # nothing trains beside it: enable_sleep_mode off, its memory is never freed
-        sampler = rollout.make_sampler("vllm", model_path, tokenizer=tokenizer, dtype=args.dtype,
-                                       seed=args.seed % 2**32, max_model_len=min(need, context),
-                                       gpu_memory_utilization=0.9, enable_sleep_mode=False)
+    model_path, tokenizer, context = load_model(args.model)
+    plan = {b: plan_benchmark(b, problems[b], args, tokenizer, context) for b in args.benchmarks}
+    sampler = make_eval_sampler(args, model_path, tokenizer, context, plan)
     results = {"settings": {"model": args.model, "model_path": model_path, "temperature": args.temperature,
                             "top_p": args.top_p, "seed": args.seed, "sampler": type(sampler).__name__,
                             "data": args.data_dir or "hub", "limit": args.limit, "context": context},
@@ -328,11 +287,68 @@ def main(argv=None):
     return results
 
 
+def check_output(output):
+    """--output names a file that can be written, found now, not after every benchmark has been sampled."""
+    out_dir = os.path.dirname(os.path.abspath(output))
+    if os.path.isdir(output):
+        raise UserError(f"--output {output} is a folder; name a file, e.g. {os.path.join(output, 'results.json')}")
+    if os.path.lexists(output) and not os.path.isfile(output):
+        raise UserError(f"--output {output} exists and is not a regular file")
+    if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
+        raise UserError(f"--output {output}: cannot write in {out_dir}")
+
+
+def load_model(name):
+    """(local model folder or hub id, tokenizer, context length) for --model; a checkpoint folder is verified and
+    exported once (beside it, or into the export cache where it cannot be written) before anything loads from it."""
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
+
+    from cegppo_utils import models
+    from cegppo_utils import runfolder as RF
+    transformers.utils.logging.disable_progress_bar()
+    if os.path.isfile(os.path.join(name, ".metadata")):  # a checkpoint, or a .tmp one whose write did not finish
+        RF.check_finished(name)
+    model_path = models.resolve_model(name)  # a checkpoint: runfolder.exported
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        context = AutoConfig.from_pretrained(model_path).max_position_embeddings
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # an unknown model_type, a broken file
+        raise UserError(f"--model {name}: cannot load its tokenizer and config "
+                        f"({type(e).__name__}: {data.first_line(e)})") from None
+    return model_path, tokenizer, context
+
+
+def plan_benchmark(b, problems, args, tokenizer, context):
+    """(problems that fit, skipped ids, longest prompt, k, max tokens) of one benchmark."""
+    settings = heldout.sampling_settings(b)
+    k, budget = args.k or settings["k"], args.max_tokens or settings["max_tokens"]
+    if not args.max_tokens and budget >= context:  # a default budget the model cannot hold: half its context
+        budget = context // 2
+        print(f"{b}: the default budget of {settings['max_tokens']} tokens exceeds {args.model}'s context of "
+              f"{context}; using {budget} (set --max-tokens to choose)")
+    fits, skipped, longest = check_fit(problems, tokenizer, budget, context, b, args.skip_long)
+    return fits, skipped, longest, k, budget
+
+
+def make_eval_sampler(args, model_path, tokenizer, context, plan):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import rollout
+    if args.sampler == "hf" or (args.sampler == "auto" and not rollout.vllm_available()):
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        return rollout.make_sampler("hf", model_path, model=model, tokenizer=tokenizer)
+    need = max(longest + budget for _, _, longest, _, budget in plan.values())
+    # nothing trains beside it: enable_sleep_mode off, its memory is never freed
+    return rollout.make_sampler("vllm", model_path, tokenizer=tokenizer, dtype=args.dtype, seed=args.seed % 2**32,
+                                max_model_len=min(need, context), gpu_memory_utilization=0.9, enable_sleep_mode=False)
+
+
 def write_json(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
+    """The results, whole or not at all, never written through a link planted at a temporary name."""
+    from cegppo_utils import runfolder as RF
+    RF.write_text_atomically(path, json.dumps(obj, indent=1))
 
 
 if __name__ == "__main__":

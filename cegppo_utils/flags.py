@@ -9,6 +9,7 @@ import inspect
 import json
 import math
 import os
+import re
 import stat
 import sys
 from dataclasses import dataclass, field, fields
@@ -125,6 +126,7 @@ PRESETS["r1-distill-7b"] = {**PRESETS["r1-distill-1.5b"], "model": "deepseek-ai/
                             "algo_options": dict(beta1=0.75, beta2=1.0, positive_lm_coef=0.1)}
 
 RUN_FIELDS = [f for f in fields(Args) if f.name != "loss"]
+PATH_FIELDS = ("model", "train_data", "eval_data", "output_dir")  # `~` is the home folder in these
 LOSS_FIELDS = list(fields(L.LossConfig))
 # torchrun's own parser (Python <= 3.11) takes `--n` after the script name for an abbreviation of its flags
 # and stops; `--group-size` passes through.
@@ -143,7 +145,10 @@ def resolve(preset: str, given: dict) -> Args:
     run = {f.name: f.default for f in RUN_FIELDS}
     run.update({k: v for k, v in spec.items() if k not in ("algo", "algo_options")})
     preset_gen = run["gen_prompts"]
-    run.update({k: v for k, v in given.items() if k in run})
+    # a path as the user gave it: `--output-dir=~/x` or `output_dir: ~/x` reaches here unexpanded (no shell expands a
+    # ~ after = or in a file); taken literally it would be a folder named ~ in the working directory
+    run.update({k: os.path.expanduser(v) if k in PATH_FIELDS and isinstance(v, str) else v
+                for k, v in given.items() if k in run})
     if "mini_batch_prompts" not in given and run["gen_prompts"] < preset_gen:
         # fewer prompts sampled: smaller mini-batches, so a step still makes the preset's optimizer steps per rollout
         # batch and updates off-policy after the first (with one, every objective here has PPO's on-policy gradient)
@@ -276,7 +281,7 @@ def read_config(path: str, parser) -> tuple[dict, str | None]:
     def fail(why):
         parser.error(f"--config {path}: {why}")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without waiting for a writer, then is refused
+        fd = os.open(os.path.expanduser(path), os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, then is refused
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
@@ -295,7 +300,9 @@ def read_config(path: str, parser) -> tuple[dict, str | None]:
         fail("not a UTF-8 text file")
     yaml_file = path.endswith((".yaml", ".yml"))
     try:
-        values = _load_yaml(text) if yaml_file else json.loads(text, object_pairs_hook=_no_duplicates)
+        values = _load_yaml(text) if yaml_file else json.loads(text, object_pairs_hook=_no_duplicates,
+                                                              parse_float=_Written.number,
+                                                              parse_constant=_Written.number)
     except _Duplicate as e:
         fail(f"the key {_short(e.args[0])} appears twice")
     except _Alias as e:
@@ -306,8 +313,16 @@ def read_config(path: str, parser) -> tuple[dict, str | None]:
         fail(f"not valid YAML ({_short(data.first_line(e, None) or type(e).__name__, 200, quote=False)})")
     if not isinstance(values, dict):
         fail("must hold a mapping of flag names to values")
-    preset = values.get("preset") if isinstance(values.get("preset"), str) else None
+    if "preset" in values and not isinstance(values["preset"], str):
+        fail(f"preset must be a string naming a preset ({', '.join(sorted(PRESETS))}), got {_short(values['preset'])}")
+    preset = values.get("preset")
     run_config = isinstance(values.get("flags"), dict)
+    if run_config:  # a run's config.json: its flags under `flags`, beside only what the run recorded with them
+        from cegppo_utils.runfolder import RUN_RECORD_KEYS
+        beside = [k for k in values if k not in RUN_RECORD_KEYS]
+        if beside:
+            fail(f"unknown key {_short(beside[0])} at the top level beside `flags` (a run's config.json holds its "
+                 f"flags under `flags`, beside only {', '.join(RUN_RECORD_KEYS)}); move it into `flags`")
     values = values["flags"] if run_config else {k: v for k, v in values.items() if k != "preset"}
     kinds = {f.name: field_type(f) for f in RUN_FIELDS + LOSS_FIELDS}
     out = {}
@@ -323,6 +338,8 @@ def read_config(path: str, parser) -> tuple[dict, str | None]:
         if name in out:
             fail(f"{name} is given twice (as {_short(key)})")
         kind = kinds[name]
+        if isinstance(value, _Written) and math.isinf(value) and not re.search(r"(?i)inf", value.text):
+            fail(f"{_short(key, quote=False)}: {value.text} is beyond a float's range")
         whole = isinstance(value, int) and not isinstance(value, bool)  # JSON's true is not 1
         ok = whole if kind is int else (isinstance(value, kind) or (kind is float and whole))
         if not ok:
@@ -333,9 +350,22 @@ def read_config(path: str, parser) -> tuple[dict, str | None]:
 
 
 def _short(value, limit=60, quote=True) -> str:
-    """A value for a message: repr'd and cut, so a huge value is not printed whole."""
-    text = repr(value) if quote else str(value)
+    """A value for a message: as the file wrote it (a number), or repr'd; cut, so a huge value is not printed whole."""
+    text = value.text if isinstance(value, _Written) else repr(value) if quote else str(value)
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+class _Written(float):
+    """A number read from a config file, with its text as the file wrote it (1e400, not inf; 2.50, not 2.5)."""
+
+    def __new__(cls, value, text):
+        number = super().__new__(cls, value)
+        number.text = text
+        return number
+
+    @classmethod
+    def number(cls, text):
+        return cls(float(text), text)
 
 
 class _Duplicate(ValueError):
@@ -357,9 +387,7 @@ def _no_duplicates(pairs):
 
 def _load_yaml(text):
     """yaml.safe_load with anchors and aliases refused (before anything is built), duplicate keys refused, and YAML
-    1.2's float syntax (1e-4, not only 1.0e-4)."""
-    import re
-
+    1.2's float syntax (1e-4, not only 1.0e-4); numbers keep their text (_Written)."""
     import yaml
 
     class Loader(yaml.SafeLoader):
@@ -378,6 +406,8 @@ def _load_yaml(text):
                 seen.add(key)
             return super().construct_mapping(node, deep)
 
+    Loader.add_constructor("tag:yaml.org,2002:float",
+                           lambda loader, node: _Written(loader.construct_yaml_float(node), node.value))
     Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
     Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
         r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))

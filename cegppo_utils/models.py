@@ -1,6 +1,7 @@
 """Which model a `--model` name means, for train.py and evaluate.py alike: a local HF folder, a run's checkpoint
-folder (its policy exported once to HF format in its hf/ folder), a hub id, or the project's offline tiny model
-("tiny", "tiny:<task>"), built once and cached by tiny.py."""
+folder (verified, and its policy exported once to HF format in its hf/ folder, or in the export cache where the
+checkpoint cannot be written: runfolder.exported), a hub id, or the project's offline tiny model ("tiny",
+"tiny:<task>"), built once and cached by tiny.py. A leading ~ is the home folder."""
 
 import os
 
@@ -12,6 +13,7 @@ from cegppo_utils.data import UserError
 
 def resolve_model(name: str) -> str:
     """A local folder or a hub id as it is; "tiny" (or "tiny:<task>") -> the warm-started offline model, built once."""
+    name = os.path.expanduser(name)
     if name == "tiny" or name.startswith("tiny:"):
         from cegppo_utils import tiny
         task = name.partition(":")[2] or "arith"
@@ -22,11 +24,11 @@ def resolve_model(name: str) -> str:
         D.barrier()
         return path if D.is_main() else tiny.ensure_task_model(task, log=lambda *a: None)
     if os.path.isdir(name) and RF.is_checkpoint(name):
-        RF.check_finished(name)  # a checkpoint still named .tmp (its write did not finish) is refused
-        hf = os.path.join(name, "hf")
-        if not os.path.isfile(os.path.join(hf, "config.json")):  # every rank calls: the write has barriers
-            RF.write_folder_atomically(hf, lambda folder: RF.export_hf(name, folder) if D.is_main() else None)
-        return hf
+        # verified, then exported once (a checkpoint still named .tmp, whose write did not finish, is refused): by
+        # rank 0, under a lock that makes another run or evaluation of it wait for the export and use it
+        hf = RF.exported(name) if D.is_main() else None
+        D.barrier()
+        return hf if D.is_main() else RF.exported(name, log=lambda *a: None)
     if os.path.isdir(name):
         RF.check_model_folder(name)  # config.json, weights, intact headers: one line for what is missing
         return name

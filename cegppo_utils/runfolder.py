@@ -9,9 +9,16 @@
     OUTPUT_DIR/.ce-gppo-run             the marker: this folder was created by a run (RUN_MARKER)
 
 Rules:
-  - A run folder is created, never adopted: a new run writes only into a missing or empty folder, or one whose marker
-    says it is a run's; never into the root, a model folder, a checkpoint folder, or a folder inside a run.
-    It refuses a folder that holds a run (metrics.jsonl or checkpoints): pass --resume, or another folder.
+  - A run folder is created, never adopted: a new run writes only into a missing or empty folder, or its own run
+    folder (its marker and a run's config.json, one with `flags`, agree: a marker alone proves nothing); never into
+    the root, a model folder, a checkpoint folder, or a folder inside a run. It refuses a folder that holds a run
+    (metrics.jsonl or checkpoints): pass --resume, or another folder. A damaged config.json is refused, not rewritten
+    (it holds the run's launch record). A run refused before it wrote anything leaves no folder or file it created.
+  - Nothing is written through a link: files are created with O_NOFOLLOW, or written to a fresh temporary name
+    (O_EXCL) in the same folder and renamed over the old one; a run folder holds no symbolic links (refused at
+    start), and a folder written whole (an export) is checked where the kernel resolves it, not as typed.
+  - A checkpoint records each file's size and SHA-256 (shards.json) when it is written; a resume, an export or an
+    evaluation verifies them (and that each shard holds every byte its .metadata places in it) before loading.
   - --resume continues from the newest checkpoint, after checking that it was written by a run with the same
     flags (only those in RESUMABLE may differ); with no checkpoint it starts again from step 0.
   - Rows logged after the checkpoint being resumed (a crash came between), and a torn last line (a crash or a
@@ -21,6 +28,7 @@ Rules:
     last good checkpoint.
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -83,9 +91,9 @@ def check(output_dir: str, resume: bool, flags: dict, log=print) -> str | None:
     if D.is_main():
         try:
             os.makedirs(output_dir, exist_ok=True)
-            probe = os.path.join(output_dir, f".write-test-{os.getpid()}")
-            with open(probe, "w") as f:
-                f.write("ok")
+            import tempfile
+            fd, probe = tempfile.mkstemp(dir=output_dir, prefix=".write-test-")  # O_EXCL: a fresh file, never a link
+            os.close(fd)
             os.remove(probe)
         except OSError as e:
             raise UserError(f"--output-dir {output_dir}: cannot write there ({e.strerror})") from None
@@ -105,9 +113,11 @@ def check(output_dir: str, resume: bool, flags: dict, log=print) -> str | None:
 
 
 def check_output_folder(output_dir: str, resume: bool):
-    """What a run may write into (nothing is written here): a missing or empty folder, or one this project's run
-    created (its RUN_MARKER); with resume also a run folder written before markers existed. Never the root, a model
-    folder (config.json and weights), a checkpoint folder, or a folder inside a run (its final/, checkpoints/, ...)."""
+    """What a run may write into (nothing is written here): a missing or empty folder, or its own run folder (its
+    RUN_MARKER and a run's config.json agree); with resume also a run folder written before markers existed, or one
+    whose config.json was moved aside. Never the root, a model folder (config.json and weights), a checkpoint folder,
+    or a folder inside a run (its final/, checkpoints/, ...); never a folder holding symbolic links, or something
+    other than a file where a run keeps one (.lock, the marker, config.json, ...)."""
     flag = f"--output-dir {output_dir}"
     real = os.path.realpath(output_dir)
     if os.path.dirname(real) == real:
@@ -120,25 +130,64 @@ def check_output_folder(output_dir: str, resume: bool):
     if not os.path.isdir(output_dir):
         return  # missing (created later), or not a folder (creating it says why)
     try:
-        names = set(os.listdir(output_dir)) - {".lock", RUN_MARKER}
+        everything = set(os.listdir(output_dir))
     except OSError as e:
         raise UserError(f"{flag}: cannot read it ({e.strerror})") from None
+    _check_entries(output_dir, everything, flag)
+    names = everything - {".lock", RUN_MARKER}
     if is_checkpoint(output_dir) or ".metadata" in names:
         raise UserError(f"{flag} is a checkpoint folder; a run writes into a folder of its own")
     if _is_model_folder(output_dir, names):
         raise UserError(f"{flag} is a model folder (config.json and weights); a run writes into a folder of its own")
     found = checkpoint_dirs(output_dir)
-    traces = "metrics.jsonl" in names or os.path.isdir(os.path.join(output_dir, "checkpoints"))
+    traces = "metrics.jsonl" in names or "checkpoints" in names
     if not resume and (traces or found):
         raise UserError(f"{output_dir} holds a run ({'checkpoints' if found else 'metrics.jsonl'}): pass --resume to "
                         "continue it, or choose another --output-dir")
-    if not names or _has_marker(output_dir):
-        return
-    if resume and (traces or "config.json" in names and _is_run_config(os.path.join(output_dir, "config.json"))):
-        return  # a run from before the marker; check() reads it
+    if not names:
+        return  # empty, or left by a run refused before it wrote anything (its .lock and marker)
+    config = os.path.join(output_dir, "config.json")
+    state = _run_config(config) if "config.json" in names else "missing"
+    if state.startswith("damaged"):  # the launch record: never rewritten from a resume's
+        raise UserError(f"{config} is {state} and holds the run's launch record; restore it, or move it aside to "
+                        f"{'resume' if resume else 'start'} without it (the run then records itself anew)")
+    if state == "run" and (_has_marker(output_dir) or resume):
+        return  # this project's run (with resume also one from before the marker); check() reads it
+    if state == "missing" and resume and traces:
+        return  # a run whose config.json was moved aside: begin() writes a new one
     shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
-    raise UserError(f"{flag} holds files of its own ({shown}) and no run; a run writes only into a new or empty "
+    why = ("its run marker is not backed by a run's config.json (one with `flags`)" if _has_marker(output_dir)
+           else "no run")
+    raise UserError(f"{flag} holds files of its own ({shown}) and {why}; a run writes only into a new or empty "
                     "folder, or its own run folder")
+
+
+# What a run keeps at the top of its folder: a file or a folder, never a link (a run creates none; refused, so that
+# nothing is written or deleted through one).
+_FILES = (".lock", RUN_MARKER, "config.json", "metrics.jsonl", "metrics.discarded.jsonl", "samples.jsonl",
+          "curves.png")
+_FOLDERS = ("checkpoints", "final", "eval", "tensorboard")
+
+
+def _check_entries(output_dir, names, flag):
+    for name in sorted(names):
+        path = os.path.join(output_dir, name)
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            continue
+        if stat.S_ISLNK(mode):
+            raise UserError(f"{flag}: {path} is a symbolic link; refusing to follow it (a run folder holds none: "
+                            "remove it)")
+        if name in _FILES and not stat.S_ISREG(mode) or name in _FOLDERS and not stat.S_ISDIR(mode):
+            want = "a folder" if name in _FOLDERS else "a regular file"
+            raise UserError(f"{flag}: {path} is not {want} ({_kind(mode)}), where the run keeps its own; remove it or "
+                            "move it aside")
+
+
+def _kind(mode) -> str:
+    return ("a folder" if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode) else
+            "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device")
 
 
 def _has_marker(folder) -> bool:
@@ -153,30 +202,36 @@ def _is_model_folder(folder, names) -> bool:
     return "config.json" in names and weights
 
 
-def _is_run_config(path) -> bool:
-    """A run's config.json (an object with flags), or one too broken to tell: check() then names what is wrong."""
-    if not os.path.isfile(path) or os.path.getsize(path) > 2**24:
-        return True
+def _run_config(path) -> str:
+    """What config.json is: "run" (an object with `flags`), "foreign" (another object: a model's config, the
+    user's), or "damaged (why)" (torn, not JSON, not an object, unreadable)."""
     try:
+        if os.path.getsize(path) > 2**24:
+            return "foreign"
         with open(path, encoding="utf-8") as f:
             value = json.load(f)
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        return True
-    return not isinstance(value, dict) or isinstance(value.get("flags"), dict)
+    except OSError as e:
+        return f"damaged (not readable: {e.strerror})"
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        return f"damaged (not valid JSON: {first_line(e, 80)})"
+    if not isinstance(value, dict):
+        return "damaged (not a JSON object)"
+    return "run" if isinstance(value.get("flags"), dict) else "foreign"
 
 
-def _open_regular(path, what):
+def _open_regular(path, what, append=False):
     """A descriptor on the regular file `path`, created if missing: never through a symbolic link (O_NOFOLLOW), never a
     FIFO or device (O_NONBLOCK, then checked), never a file with other hard links (writing it would write them)."""
     if os.path.islink(path):
         raise UserError(f"{what}: {path} is a symbolic link; refusing to follow it (remove it)")
     flags_ = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    flags_ |= os.O_APPEND if append else 0
     try:
         fd = os.open(path, flags_, 0o644)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise UserError(f"{what}: {path} is a symbolic link; refusing to follow it (remove it)") from None
-        raise UserError(f"{what}: cannot write there ({e.strerror})") from None
+        raise UserError(f"{what}: cannot write {path} ({e.strerror})") from None
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
         os.close(fd)
@@ -189,10 +244,24 @@ class OutputLock:
     """An exclusive flock on OUTPUT_DIR/.lock, held for the run's life: the kernel drops it when the process ends,
     however it ends (kill -9 included), so a dead run never blocks the folder. The file says who holds it; a clean
     release empties it, so text left in a lock nobody holds is a run that died. The lock is a regular file of the
-    folder's own, opened without following links: a planted link or hard link is refused, its target never written."""
+    folder's own, opened without following links: a planted link or hard link is refused, its target never written.
+    A run refused with a UserError before it began (before begin() wrote config.json: a missing --model, say) takes
+    back what taking the lock created: the lock file, the marker and the folders made for them."""
 
-    def __init__(self, path, handle):
+    def __init__(self, path, handle, created=()):
         self.path, self._handle = path, handle
+        self.created = list(created)  # the paths taking the lock created, outermost first
+        self._config = _identity(os.path.join(os.path.dirname(path), "config.json"))
+
+    def undo(self):
+        """Remove what taking the lock created, if the run never began (its config.json is as it was)."""
+        if _identity(os.path.join(os.path.dirname(self.path), "config.json")) != self._config:
+            return  # begin() wrote it: the run's marker and lock are its own now
+        for path in reversed(self.created):
+            try:
+                os.rmdir(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+            except OSError:
+                return  # a folder someone else wrote into: it and those above it stay
 
     def release(self):
         if self._handle is not None:
@@ -207,7 +276,9 @@ class OutputLock:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind, error, trace):
+        if kind is not None and issubclass(kind, UserError):
+            self.undo()
         self.release()
 
 
@@ -220,10 +291,12 @@ def lock_output_dir(output_dir: str, log=print, resume: bool = False) -> OutputL
     check_output_folder(output_dir, resume)
     flag = f"--output-dir {output_dir}"
     path = os.path.join(output_dir, ".lock")
+    created = _missing_folders(output_dir)
     try:
         os.makedirs(output_dir, exist_ok=True)
     except OSError as e:
         raise UserError(f"{flag}: cannot write there ({e.strerror})") from None
+    created += [] if os.path.lexists(path) else [path]
     handle = os.fdopen(_open_regular(path, flag), "r+")  # not truncated: the holder's note is read first
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -232,6 +305,7 @@ def lock_output_dir(output_dir: str, log=print, resume: bool = False) -> OutputL
         holder = _lock_note(handle.read(4096))
         handle.close()
         if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            OutputLock(path, None, created).undo()
             raise UserError(f"{flag}: cannot lock {path} ({e.strerror})") from None
         raise UserError(f"{flag} is in use by another run ({holder or 'holder unknown'}); wait "
                         "for it to end, or choose another --output-dir") from None
@@ -244,15 +318,35 @@ def lock_output_dir(output_dir: str, log=print, resume: bool = False) -> OutputL
     handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": sys.argv[:8]}) + "\n")
     handle.flush()
-    lock = OutputLock(path, handle)
+    lock = OutputLock(path, handle, created)
     try:
         if not _has_marker(output_dir):
+            lock.created.append(os.path.join(output_dir, RUN_MARKER))
             with os.fdopen(_open_regular(os.path.join(output_dir, RUN_MARKER), flag), "w") as f:
                 f.write(json.dumps({"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": socket.gethostname()}) + "\n")
-    except BaseException:
-        lock.release()
+    except BaseException as e:
+        lock.__exit__(type(e), e, None)
         raise
     return lock
+
+
+def _identity(path):
+    """(inode, size, time) of a file, None if there is none: a file written anew (replaced) has another."""
+    try:
+        info = os.lstat(path)
+        return info.st_ino, info.st_size, info.st_mtime_ns
+    except OSError:
+        return None
+
+
+def _missing_folders(path) -> list[str]:
+    """The folders os.makedirs(path) would create, outermost first."""
+    missing = []
+    path = os.path.abspath(path)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        missing.insert(0, path)
+        path = os.path.dirname(path)
+    return missing
 
 
 def _lock_note(text) -> str:
@@ -305,6 +399,11 @@ def _check_same_run(saved: dict, flags: dict, what: str):
         details = ", ".join(f"--{k.replace('_', '-')} {saved[k]!r} there, {flags[k]!r} now" for k in differ[:6])
         raise UserError(f"--resume: {what} belongs to a run with other flags ({details}); resume with the same "
                         "flags or choose another --output-dir")
+
+
+# What config.json holds beside `flags`: run_info's record, the warm start's hash (train.py) and the resumes (begin).
+RUN_RECORD_KEYS = ("preset", "versions", "git_commit", "command", "started", "host", "world_size", "model_sha256",
+                   "resumes", "flags")
 
 
 def run_info(preset: str) -> dict:
@@ -404,19 +503,22 @@ def _check_safetensors(file, flag):
 # --- metrics and samples: append-only JSON lines ----------------------------------------------------
 
 def append_jsonl(path: str, rows: list[dict]):
-    """Append rows, one JSON object per line, in one write (rank 0 only)."""
+    """Append rows, one JSON object per line, in one write (rank 0 only), to a regular file of the run's own (never
+    through a link: _open_regular)."""
     if rows and D.is_main():
-        with open(path, "a") as f:
-            f.write("".join(json.dumps(r) + "\n" for r in rows))
+        _append(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _append(path, text):
+    fd = _open_regular(path, os.path.basename(path), append=True)
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        f.write(text)
 
 
 def write_jsonl(path: str, rows: list[dict]):
     """Write a whole JSON-lines file atomically (any rank; a step evaluated again after a resume replaces it)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
+    write_text_atomically(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -447,12 +549,8 @@ def keep_rows_up_to(metrics_path: str, step: int, log=print):
                 drop.append(line if line.endswith("\n") else line + "\n")  # a torn line
     if not drop:
         return
-    with open(metrics_path.replace(".jsonl", ".discarded.jsonl"), "a") as f:
-        f.writelines(drop)
-    tmp = metrics_path + ".tmp"
-    with open(tmp, "w") as f:
-        f.writelines(keep)
-    os.replace(tmp, metrics_path)
+    _append(metrics_path.replace(".jsonl", ".discarded.jsonl"), "".join(drop))
+    write_text_atomically(metrics_path, "".join(keep))
     log(f"moved {len(drop)} row(s) logged after step {step} (or torn) to {os.path.basename(metrics_path).replace('.jsonl', '.discarded.jsonl')}")
 
 
@@ -500,21 +598,50 @@ def kept_note(output_dir: str) -> str:
 # --- folders written atomically ---------------------------------------------------------------------
 
 def write_json_atomically(path: str, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, default=str)
-    os.replace(tmp, path)
+    write_text_atomically(path, json.dumps(obj, indent=1, default=str))
 
 
-def write_folder_atomically(path, write):
+def write_text_atomically(path: str, text: str):
+    """path holds `text`, whole, or its old content: written to a fresh temporary file in the same folder (created
+    with O_EXCL, so never through a link or over a file someone planted at a fixed .tmp name), then renamed over path
+    (a rename replaces a link at path itself, not its target)."""
+    import tempfile
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # as open() would create it (mkstemp's 0600 would hide a run's log)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_folder_atomically(path, write, collective=True):
     """write(tmp) fills a temporary folder (every rank writes its part), which rank 0 then renames over `path`:
     readers see the old folder or the complete new one, never a half-written one. A failed write removes the
-    temporary folder and raises; on a full disk, with a message saying so."""
+    temporary folder and raises; on a full disk, with a message saying so. `path` is taken where the kernel resolves
+    its folder (LINK/../out is the link target's sibling, not ./out), and a link planted at its .tmp or .old name is
+    removed, never followed. collective=False: one process alone (no barriers; an export). Returns `path` as given."""
+    barrier = D.barrier if collective else (lambda: None)
+    main = D.is_main() or not collective
+    given, path = path, os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
     tmp, old = path + ".tmp", path + ".old"
-    if D.is_main():
-        shutil.rmtree(tmp, ignore_errors=True)
-    D.barrier()
+    if main:
+        _remove(tmp)
+    barrier()
     try:
+        if main:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.mkdir(tmp)  # exclusively: a link planted at that name since would make this fail, not be followed
+        barrier()
         write(tmp)
     except BaseException as e:
         # torch.distributed.checkpoint raises CheckpointException, a BaseException, whatever failed inside (a full
@@ -523,7 +650,7 @@ def write_folder_atomically(path, write):
         # is its own message: what it wraps is not a write failure.
         mine = isinstance(e, (KeyboardInterrupt, UserError))
         full = not mine and _out_of_space(e, os.path.dirname(path) or ".")
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(tmp)
         if full:
             raise SystemExit(f"{_program()}: no space left on the device writing {path}; its partial folder was "
                              "removed and the previous one is kept") from None
@@ -532,15 +659,24 @@ def write_folder_atomically(path, write):
             raise SystemExit(f"{_program()}: cannot write {path} ({failure}); its partial folder was removed and the "
                              "previous one is kept") from None
         raise
-    D.barrier()
-    if D.is_main():
-        if os.path.exists(path):
-            shutil.rmtree(old, ignore_errors=True)
+    barrier()
+    if main:
+        if os.path.lexists(path):
+            _remove(old)
             os.replace(path, old)
         os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    D.barrier()
-    return path
+        _remove(old)
+    barrier()
+    return given
+
+
+def _remove(path):
+    """A folder and what it holds, or a link itself (never what it points to); nothing if there is none."""
+    if os.path.islink(path) or os.path.isfile(path):
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _causes(error):
@@ -613,6 +749,7 @@ def save_checkpoint(output_dir, step, keep, model, tokenizer, optimizer, trainer
             tokenizer.save_pretrained(folder)
             torch.save({**trainer_state, "step": step, "rng": rng, "world_size": D.world_size()},
                        os.path.join(folder, "trainer_state.pt"))
+            write_manifest(folder)
 
     path = write_folder_atomically(os.path.join(output_dir, "checkpoints", f"step_{step:06d}"), write)
     if D.is_main():
@@ -688,11 +825,12 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def check_dcp_metadata(folder):
-    """Read folder/.metadata with the restricted unpickler: a planted object is refused before DCP unpickles it."""
+    """Read folder/.metadata with the restricted unpickler: a planted object is refused before DCP unpickles it.
+    Returns the metadata."""
     path = os.path.join(folder, ".metadata")
     try:
         with open(path, "rb") as f:
-            _MetadataUnpickler(f).load()
+            return _MetadataUnpickler(f).load()
     except FileNotFoundError:
         raise UserError(f"{folder} has no .metadata (an incomplete checkpoint); move that folder aside to resume "
                         "from the one before it") from None
@@ -718,11 +856,87 @@ def check_checkpoint(folder, others=()) -> dict:
     shards = [n for n in os.listdir(folder) if n.endswith(".distcp")]
     if not shards:
         raise UserError(f"--resume: {folder} holds no .distcp shards (an incomplete checkpoint){aside}")
+    found = None
+    try:  # every rank checks the sizes and hashes its share of the files; a damaged one stops every rank
+        verify_checkpoint(folder, share=(D.rank(), D.world_size()))
+    except UserError as e:
+        found = UserError(f"--resume: {e}{aside}")
+    if D.world_size() > 1 and D.all_reduce([found is not None], torch.device("cpu"), op="max")[0] and not found:
+        found = UserError(f"--resume: {folder} is damaged (another rank names the file){aside}")
+    if found:
+        raise found
     read_json_object(os.path.join(folder, "config.json"), "--resume: ", suffix=aside)
     try:
         return read_trainer_state(folder)
     except UserError as e:
         raise UserError(str(e).split("; move")[0] + aside) from None
+
+
+# Written into each checkpoint when it is saved: the size and SHA-256 of its weights (the .distcp shards and their
+# .metadata), checked before anything loads from them. config.json, trainer_state.pt and the tokenizer are checked
+# by reading them (read_json_object, read_trainer_state, export_hf's shape check).
+MANIFEST = "shards.json"
+
+
+def write_manifest(folder):
+    """folder/MANIFEST (rank 0, after every rank's shards are written: dcp.save returns once they are)."""
+    files = {name: {"bytes": os.path.getsize(os.path.join(folder, name)), "sha256": _sha256(os.path.join(folder, name))}
+             for name in sorted(os.listdir(folder)) if name.endswith(".distcp") or name == ".metadata"}
+    write_json_atomically(os.path.join(folder, MANIFEST), {"files": files})
+
+
+def _sha256(path) -> str:
+    import hashlib
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(8 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+_VERIFIED = set()  # (folder, .metadata's size and time) verified by this process: an export verifies once
+
+
+def verify_checkpoint(folder, share=(0, 1)):
+    """A checkpoint's weights as they were written, before anything is loaded, exported or evaluated from them: every
+    shard its .metadata names is present and holds every byte the metadata places in it (a truncated shard loads
+    without an error), and where the checkpoint has a MANIFEST, each shard has the size and SHA-256 recorded when it
+    was saved (share=(rank, world): this rank hashes every world-th file). A damaged one is one line naming it."""
+    metadata = check_dcp_metadata(folder)
+    info = os.stat(os.path.join(folder, ".metadata"))
+    key = (os.path.realpath(folder), info.st_size, info.st_mtime_ns, share)
+    if key in _VERIFIED:
+        return
+    needed = {}
+    for item in (getattr(metadata, "storage_data", None) or {}).values():
+        name = getattr(item, "relative_path", "")
+        if name:
+            needed[name] = max(needed.get(name, 0), int(getattr(item, "offset", 0)) + int(getattr(item, "length", 0)))
+    absent = [name for name in sorted(needed) if not os.path.isfile(os.path.join(folder, name))]
+    if absent:
+        raise UserError(f"{folder}: shard {absent[0]} is missing ({len(absent)} of {len(needed)}); the checkpoint is "
+                        "incomplete")
+    for name, end in sorted(needed.items()):
+        size = os.path.getsize(os.path.join(folder, name))
+        if size < end:
+            raise UserError(f"{folder}: shard {name} is truncated ({size} bytes; its .metadata places data up to byte "
+                            f"{end})")
+    if not os.path.lexists(os.path.join(folder, MANIFEST)):
+        return  # written before checkpoints recorded their hashes: the sizes above are what can be checked
+    files = read_json_object(os.path.join(folder, MANIFEST)).get("files")
+    if not isinstance(files, dict) or not all(isinstance(r, dict) for r in files.values()):
+        raise UserError(f"{os.path.join(folder, MANIFEST)} is not a checkpoint's list of files")
+    for i, (name, record) in enumerate(sorted(files.items())):
+        path = os.path.join(folder, os.path.basename(str(name)))
+        if not os.path.isfile(path):
+            raise UserError(f"{folder}: {name} is missing (its {MANIFEST} lists it); the checkpoint is incomplete")
+        if os.path.getsize(path) != record.get("bytes"):
+            raise UserError(f"{folder}: {name} has {os.path.getsize(path)} bytes, not the {record.get('bytes')} "
+                            "written when the checkpoint was saved (truncated or replaced)")
+        if i % share[1] == share[0] and _sha256(path) != record.get("sha256"):
+            raise UserError(f"{folder}: {name} is damaged (its SHA-256 differs from the one recorded when the "
+                            "checkpoint was saved)")
+    _VERIFIED.add(key)
 
 
 def read_json_object(path, prefix="", suffix="") -> dict:
@@ -784,7 +998,7 @@ def export_hf(checkpoint_dir, out_dir):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     transformers.utils.logging.disable_progress_bar()
     check_finished(checkpoint_dir)
-    check_dcp_metadata(checkpoint_dir)  # DCP unpickles it without restriction
+    verify_checkpoint(checkpoint_dir)  # its .metadata safe to unpickle (DCP's own read is not), its shards whole
     try:
         config = AutoConfig.from_pretrained(checkpoint_dir)
         with torch.device("meta"):  # shapes only: a config that does not match the shards allocates nothing
@@ -801,11 +1015,6 @@ def export_hf(checkpoint_dir, out_dir):
         raise UserError(f"{checkpoint_dir}: its shards do not hold the weights its config.json describes ({len(missing)} "
                         f"of {len(shapes)} tensors missing or of another shape, {len(extra)} not in the model, e.g. "
                         f"{example})")
-    files = sorted({getattr(item, "relative_path", "") for item in (metadata.storage_data or {}).values()} - {""})
-    absent = [f for f in files if not os.path.isfile(os.path.join(checkpoint_dir, f))]
-    if absent:
-        raise UserError(f"{checkpoint_dir}: shard {absent[0]} is missing ({len(absent)} of {len(files)}); the "
-                        "checkpoint is incomplete")
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     state = {"model": get_model_state_dict(model)}
     _dcp_load(state, checkpoint_dir, no_dist=True, prefix="")  # the model part only; the optimizer stays on disk
@@ -827,34 +1036,122 @@ def check_finished(checkpoint_dir):
                         "completed one")
 
 
+# Exports of checkpoints that cannot be written (a read-only mount, another user's run) go to a cache folder: the
+# policy in fp32 (about 7 GB for a 1.5B model). It keeps the EXPORT_CACHE_KEEP most recently used; each export says
+# its size and how to list or remove them (python -m cegppo_utils.runfolder cache [--clear]).
+EXPORT_CACHE_KEEP = 3
+EXPORT_RECORD = "ce-gppo-export.json"  # in a cached export: which checkpoint it is, and when it was made
+
+
 def exported(checkpoint_dir, log=print) -> str:
     """The HF model folder of a checkpoint given as --model: its hf/ folder, exported there once; where the checkpoint
-    cannot be written (a read-only mount, another user's run), exported once into a cache folder instead. A partial
-    or broken hf/ is refused with the way out, not loaded."""
+    cannot be written, exported once into the export cache instead. The checkpoint is verified first (a damaged one
+    is refused with nothing created); one process exports it at a time (a flock on the checkpoint folder, or the
+    cache's), the others wait and use its result. A partial or broken hf/ is refused with the way out, not loaded."""
     check_finished(checkpoint_dir)
     hf = os.path.join(checkpoint_dir, "hf")
-    if os.path.lexists(hf):
-        try:
-            check_model_folder(hf)
-        except UserError as e:
-            raise UserError(f"--model {checkpoint_dir}: its export {hf} is incomplete or damaged ({str(e).split(': ', 1)[-1]}); "
-                            f"remove {hf} to export it again") from None
-        return hf
-    if not _writable(checkpoint_dir):
-        import hashlib
-        meta = os.stat(os.path.join(checkpoint_dir, ".metadata"))  # a checkpoint written again gets a new key
-        key = hashlib.sha256(f"{os.path.realpath(checkpoint_dir)}:{meta.st_size}:{meta.st_mtime_ns}".encode()).hexdigest()[:16]
-        root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        hf = os.path.join(root, "ce-gppo", "exports", key)
-        try:
-            check_model_folder(hf)
-            return hf
-        except UserError:
-            pass
-        log(f"{checkpoint_dir} is not writable: exporting its policy to {hf}")
-        os.makedirs(os.path.dirname(hf), exist_ok=True)
-    write_folder_atomically(hf, lambda folder: export_hf(checkpoint_dir, folder))
+    cached = not os.path.lexists(hf) and not _writable(checkpoint_dir)
+    folder = export_cache(create=False) if cached else checkpoint_dir
+    hf = os.path.join(folder, _export_key(checkpoint_dir)) if cached else hf
+    if not os.path.lexists(hf):
+        verify_checkpoint(checkpoint_dir)  # before anything is created
+        folder = export_cache() if cached else folder
+    with _folder_lock(folder, log, f"{checkpoint_dir}: another process is exporting it; waiting for it"):
+        if os.path.lexists(hf):
+            try:
+                check_model_folder(hf)
+            except UserError as e:
+                if not cached:
+                    raise UserError(f"--model {checkpoint_dir}: its export {hf} is incomplete or damaged "
+                                    f"({str(e).split(': ', 1)[-1]}); remove {hf} to export it again") from None
+                _remove(hf)  # the cache's own folder: exported again
+            else:
+                if cached:
+                    os.utime(hf)  # most recently used: the last to go
+                    log(f"{checkpoint_dir}: using its export cached in {hf}")
+                return hf
+        if cached:
+            log(f"{checkpoint_dir} is not writable: exporting its policy to {hf}")
+
+        def write(out):
+            export_hf(checkpoint_dir, out)
+            if cached:
+                write_json_atomically(os.path.join(out, EXPORT_RECORD), {
+                    "checkpoint": os.path.realpath(checkpoint_dir), "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        write_folder_atomically(hf, write, collective=False)
+        if cached:
+            for old in _cached_exports(folder)[EXPORT_CACHE_KEEP:]:
+                _remove(old["path"])
+                log(f"export cache: removed {old['path']} ({old['gb']:.2f} GB, of {old['checkpoint']}), the least "
+                    f"recently used beyond the newest {EXPORT_CACHE_KEEP}")
+            log(f"{hf}: {_size(hf) / 1e9:.2f} GB; the export cache keeps the {EXPORT_CACHE_KEEP} most recently used "
+                "(python -m cegppo_utils.runfolder cache lists them, --clear removes them)")
     return hf
+
+
+def export_cache(create=True) -> str:
+    """The export cache folder ($XDG_CACHE_HOME or ~/.cache, then ce-gppo/exports); create: made if missing, and one
+    it cannot create or write is one line saying so."""
+    root = os.path.expanduser(os.environ.get("XDG_CACHE_HOME") or "~/.cache")
+    cache = os.path.join(root, "ce-gppo", "exports")
+    if not create:
+        return cache
+    way_out = ("set XDG_CACHE_HOME to a writable folder, or export the checkpoint yourself: python -m "
+               "cegppo_utils.runfolder export CHECKPOINT OUT")
+    try:
+        os.makedirs(cache, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"the export cache {cache} cannot be created ({e.strerror}; XDG_CACHE_HOME is "
+                        f"{os.environ.get('XDG_CACHE_HOME', 'unset')}); {way_out}") from None
+    if not _writable(cache):
+        raise UserError(f"the export cache {cache} is not writable; {way_out}")
+    return cache
+
+
+def _export_key(checkpoint_dir) -> str:
+    """A cached export's name: the checkpoint's real path and its .metadata's size and time (written again: a new
+    key)."""
+    import hashlib
+    meta = os.stat(os.path.join(checkpoint_dir, ".metadata"))
+    text = f"{os.path.realpath(checkpoint_dir)}:{meta.st_size}:{meta.st_mtime_ns}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _cached_exports(cache) -> list[dict]:
+    """The cache's exports, most recently used first: path, size (GB), checkpoint, last use."""
+    found = []
+    for name in os.listdir(cache):
+        path = os.path.join(cache, name)
+        if name.startswith(".") or name.endswith((".tmp", ".old")) or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        try:
+            record = json.load(open(os.path.join(path, EXPORT_RECORD)))
+        except (OSError, ValueError):
+            record = {}
+        record = record if isinstance(record, dict) else {}
+        found.append({"path": path, "gb": _size(path) / 1e9, "used": os.path.getmtime(path),
+                      "checkpoint": record.get("checkpoint", "checkpoint unknown")})
+    return sorted(found, key=lambda e: -e["used"])
+
+
+def _size(folder) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
+
+
+@contextlib.contextmanager
+def _folder_lock(folder, log, waiting):
+    """An exclusive flock on the folder itself, held inside the block (released when the process ends, however)."""
+    import fcntl
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(waiting)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _writable(folder) -> bool:
@@ -875,6 +1172,8 @@ def check_export_target(out_dir, overwrite: bool):
         raise UserError(f"{out_dir} is the root of the file system")
     if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
         raise UserError(f"{out_dir} exists and is not a folder; name a new folder")
+    if not os.path.isdir(os.path.dirname(real)):
+        raise UserError(f"{out_dir}: its folder {os.path.dirname(real)} does not exist")
     if not os.path.isdir(out_dir) or not os.listdir(out_dir):
         return
     names = set(os.listdir(out_dir))
@@ -951,12 +1250,38 @@ def main(argv=None):
     export.add_argument("checkpoint", help="RUN/checkpoints/step_N")
     export.add_argument("out", help="the HF model folder to write: a new or empty folder")
     export.add_argument("--overwrite", action="store_true", help="replace an earlier export in OUT")
+    cache = commands.add_parser("cache", help="the exports of read-only checkpoints kept in the export cache")
+    cache.error = parser.error
+    cache.add_argument("--clear", action="store_true", help="remove them all")
     args = parser.parse_args(argv)
-    check_finished(args.checkpoint)
-    if not is_checkpoint(args.checkpoint):
+    if args.command == "cache":
+        return show_export_cache(args.clear)
+    checkpoint = os.path.expanduser(args.checkpoint)
+    # OUT where the kernel resolves it: LINK/../out is the link target's sibling, and that is the folder checked
+    out = os.path.realpath(os.path.expanduser(args.out))
+    check_finished(checkpoint)
+    if not is_checkpoint(checkpoint):
         raise UserError(f"{args.checkpoint} is not a checkpoint folder (no trainer_state.pt and .metadata)")
-    check_export_target(args.out, args.overwrite)
-    print(write_folder_atomically(os.path.normpath(args.out), lambda folder: export_hf(args.checkpoint, folder)))
+    check_export_target(out, args.overwrite)
+    verify_checkpoint(checkpoint)  # before anything is created
+    print(write_folder_atomically(out, lambda folder: export_hf(checkpoint, folder), collective=False))
+
+
+def show_export_cache(clear: bool):
+    """`python -m cegppo_utils.runfolder cache [--clear]`: each cached export, its size and checkpoint; --clear
+    removes them (under the cache's lock: not while an export is being written)."""
+    cache = export_cache(create=False)
+    if not os.path.isdir(cache):
+        print(f"{cache}: no export cache")
+        return
+    with _folder_lock(cache, print, f"{cache}: an export is being written; waiting for it"):
+        found = _cached_exports(cache)
+        for entry in found:
+            print(f"{entry['path']}  {entry['gb']:.2f} GB  {entry['checkpoint']}")
+            if clear:
+                _remove(entry["path"])
+        total = sum(e["gb"] for e in found)
+        print(f"{cache}: {len(found)} export(s), {total:.2f} GB" + (", removed" if clear and found else ""))
 
 
 if __name__ == "__main__":

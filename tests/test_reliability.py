@@ -239,7 +239,7 @@ def read_only(tmp_path):
                 os.chmod(d, 0o555)
             return str(copy)
         (tmp_path / "ro").mkdir()
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(tmp_path / "ro")],
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", str(tmp_path / "ro")],
                           capture_output=True).returncode != 0:
             pytest.skip("cannot mount a read-only file system here")
         mounts.append(str(tmp_path / "ro"))
@@ -268,7 +268,9 @@ def test_a_read_only_checkpoint_evaluates_from_a_cache_export(tmp_path, tiny_che
     results = json.load(open(tmp_path / "results.json"))
     assert results["settings"]["model"] == ckpt and [b["k"] for b in results["benchmarks"].values()] == [1]
     assert not os.path.exists(os.path.join(ckpt, "hf"))
-    assert RF.exported(ckpt, log=lambda *a: pytest.fail("exported again")).endswith(export)  # reused
+    said = []
+    assert RF.exported(ckpt, log=said.append).endswith(export) and said == [f"{ckpt}: using its export cached in "
+                                                                          f"{tmp_path}/cache/ce-gppo/exports/{export}"]
 
 
 def test_evaluate_refuses_an_unknown_dtype_before_the_engine(tmp_path, capsys):
@@ -380,3 +382,258 @@ def test_a_missing_logging_package_names_the_whole_install_command(monkeypatch):
     assert str(e.value).startswith("--tensorboard needs the tensorboard package: ")
     assert str(e.value).endswith(f"-m pip install -r requirements-logging.txt torch=={torch.__version__.split('+')[0]} "
                                  f"transformers=={transformers.__version__}")
+
+
+# --- issue 48: config files checked everywhere, values quoted as written, `~` expanded ------------------------------
+
+def test_config_file_keys_are_checked_everywhere_and_quoted_as_written(tmp_path, capsys):
+    run_config = {"command": ["train.py"], "preset": "tiny", "versions": {}, "flags": {"lr": 0.001}}
+    cases = {
+        "beside.json": (json.dumps({**run_config, "lr": 0.5}), "unknown key 'lr' at the top level beside `flags`"),
+        "preset.yaml": ("preset: [1]\nlr: 0.001\n", "preset must be a string naming a preset"),
+        "preset.json": (json.dumps({**run_config, "preset": 7}), "preset must be a string naming a preset"),
+        "n.yaml": ("n: 1e400\n", "n: 1e400 is beyond a float's range"),
+        "lr.yaml": ("lr: 1.5e999\n", "lr: 1.5e999 is beyond a float's range"),
+        "lr.json": ('{"lr": -2E+400}', "lr: -2E+400 is beyond a float's range"),
+        "int.yaml": ("max_steps: 2.50\n", "max_steps must be an int, got 2.50"),
+    }
+    for name, (content, text) in cases.items():
+        err = config_error(write(tmp_path / name, content), capsys)
+        assert text in err and "inf" not in err.split(text)[0][-40:], (name, err)
+    args = parse_train_args(["--config", write(tmp_path / "ok.json", json.dumps(run_config))])
+    assert args.lr == 0.001  # a run's own config.json, its record keys beside `flags`, still reads
+
+
+def test_a_literal_tilde_is_the_home_folder_wherever_a_path_is_read(tmp_path, monkeypatch, capsys):
+    """`--output-dir=~/x` (no shell expands a ~ after =) or `output_dir: ~/x` in a config file is the home folder's x,
+    never a folder named ~ in the working directory."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    data = write(home / "train.jsonl", '{"problem": "1 + 1?", "answer": 2}\n')
+    args = parse_train_args(["--output-dir=~/x", "--train-data", "~/train.jsonl", "--eval-data=~/train.jsonl",
+                             "--model", "~/model"])
+    assert (args.output_dir, args.train_data, args.eval_data, args.model) == \
+        (f"{home}/x", data, data, f"{home}/model")
+    config = write(home / "c.yaml", "output_dir: ~/y\ntrain_data: ~/train.jsonl\neval_data: ~/train.jsonl\n")
+    args = parse_train_args(["--config", "~/c.yaml"])
+    assert (args.output_dir, args.train_data, args.eval_data) == (f"{home}/y", data, data)
+    code, err = run_train_in_process(["train.py", "--output-dir=~/run", "--model=~/no-model", "--eval-every", "0"],
+                                     capsys)
+    assert code == 2 and f"--model {home}/no-model: no such model folder" in err, err
+    assert os.listdir(work) == [] and config
+
+
+# --- issue 48: nothing written through a link, nothing outside what the run owns -----------------------------------
+
+def test_nothing_is_written_through_a_link_planted_at_a_temporary_name(tmp_path, capsys, monkeypatch):
+    import evaluate
+    target = write(tmp_path / "precious.txt", "keep me\n")
+    run = own_run(tmp_path / "run")
+    write(run / "metrics.jsonl", '{"step": 1}\n{"step": 2}\n')
+    (run / "eval").mkdir()
+    for name in ("config.json.tmp", "metrics.jsonl.tmp", "eval/step_1.jsonl.tmp", "results.json.tmp"):
+        os.symlink(target, run / name)
+    RF.begin(str(run), True, None, {"seed": 0}, {"command": ["train.py", "--resume"]})  # --resume: config.json, rows
+    RF.write_jsonl(str(run / "eval" / "step_1.jsonl"), [{"id": 1}])
+    evaluate.write_json(str(run / "results.json"), {"benchmarks": {}})
+    assert open(target).read() == "keep me\n"
+    for name in ("config.json", "metrics.jsonl", "eval/step_1.jsonl", "results.json"):
+        assert not os.path.islink(run / name) and os.path.isfile(run / name), name
+    assert json.load(open(run / "config.json"))["flags"] == {"seed": 0}
+    assert open(run / "metrics.discarded.jsonl").read() == '{"step": 1}\n{"step": 2}\n'
+    refused(lambda: RF.check_output_folder(str(run), True), f"{run}/config.json.tmp is a symbolic link")  # at start
+    for name in ("config.json.tmp", "metrics.jsonl.tmp", "eval/step_1.jsonl.tmp", "results.json.tmp", "metrics.jsonl"):
+        os.remove(run / name)
+    os.symlink(target, run / "metrics.jsonl")  # a log that is a link: refused at start and on every append
+    refused(lambda: RF.check_output_folder(str(run), True), f"{run}/metrics.jsonl is a symbolic link")
+    refused(lambda: RF.append_jsonl(str(run / "metrics.jsonl"), [{"step": 3}]), "is a symbolic link; refusing")
+    assert open(target).read() == "keep me\n"
+
+
+def test_a_checkpoint_write_never_follows_a_link_planted_at_its_temporary_folder(tmp_path):
+    from test_runfolder import Tokenizer, small_model
+    users = tmp_path / "users"
+    users.mkdir()
+    write(users / "notes.txt", "mine")
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    os.symlink(users, tmp_path / "run" / "checkpoints" / "step_000002.tmp")
+    os.symlink(users, tmp_path / "run" / "checkpoints" / "step_000002.old")
+    model, optimizer = small_model()
+    RF.save_checkpoint(str(tmp_path / "run"), 2, 2, model, Tokenizer(), optimizer, {"flags": {}})
+    assert os.listdir(users) == ["notes.txt"] and open(users / "notes.txt").read() == "mine"
+    assert RF.is_checkpoint(str(tmp_path / "run" / "checkpoints" / "step_000002"))
+
+
+def test_export_through_a_symlinked_parent_checks_the_folder_the_kernel_writes(tmp_path, tiny_checkpoint, monkeypatch):
+    """`export CKPT LINK/../exp`: the kernel resolves LINK first, so the export goes beside LINK's target; the
+    folder named ./exp (the user's) is neither checked in its place nor replaced."""
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    (work / "exp").mkdir(parents=True)
+    (elsewhere / "inner").mkdir(parents=True)
+    write(work / "exp" / "notes.txt", "mine")
+    os.symlink(elsewhere / "inner", work / "LINK")
+    monkeypatch.chdir(work)
+    RF.main(["export", tiny_checkpoint, "LINK/../exp"])
+    assert os.listdir(work / "exp") == ["notes.txt"]
+    RF.check_model_folder(str(elsewhere / "exp"))
+    refused(lambda: RF.main(["export", tiny_checkpoint, "LINK/../exp"]), f"{elsewhere}/exp is not empty")
+    assert os.listdir(work / "exp") == ["notes.txt"]
+
+
+def test_a_forged_marker_beside_a_users_config_is_refused_and_nothing_written(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    config = write(folder / "config.json", '{"my": "settings"}')
+    write(folder / RF.RUN_MARKER, "{}")
+    for resume in (False, True):
+        refused(lambda: RF.check_output_folder(str(folder), resume),
+                "its run marker is not backed by a run's config.json (one with `flags`)")
+    code, err = run_train_in_process(["train.py", "--output-dir", str(folder), "--max-steps", "1"], capsys)
+    assert code == 2 and "its run marker is not backed by a run's config.json" in err, err
+    assert open(config).read() == '{"my": "settings"}' and sorted(os.listdir(folder)) == [RF.RUN_MARKER, "config.json"]
+    own = own_run(tmp_path / "own")  # the marker and a run's config.json agree: its own folder
+    RF.check_output_folder(str(own), False)
+
+
+# --- issue 48: checkpoints verified before anything loads from them --------------------------------------------------
+
+def test_a_truncated_or_damaged_shard_is_refused_before_anything_is_evaluated(tmp_path, tiny_checkpoint, capsys,
+                                                                              monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    bench = write(tmp_path / "bench.jsonl", '{"problem": "1 + 1?", "answer": 2}\n')
+    shard = "__0_0.distcp"
+    truncated = copy_checkpoint(tiny_checkpoint, tmp_path / "truncated" / "step_000001")
+    with open(os.path.join(truncated, shard), "r+b") as f:
+        f.truncate(os.path.getsize(os.path.join(truncated, shard)) - 100)
+    damaged = copy_checkpoint(tiny_checkpoint, tmp_path / "damaged" / "step_000001")
+    with open(os.path.join(damaged, shard), "r+b") as f:  # one byte changed, the size kept
+        f.seek(os.path.getsize(os.path.join(damaged, shard)) // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    before = sorted(os.listdir(truncated))
+    for folder, text in ((truncated, f"shard {shard} is truncated ("),
+                         (damaged, f"{shard} is damaged (its SHA-256 differs from the one recorded")):
+        code, err = run_evaluate_in_process(["evaluate.py", "--model", folder, "--benchmarks", bench, "--sampler", "hf",
+                                             "--k", "1", "--max-tokens", "4", "--output", str(tmp_path / "r.json")],
+                                            capsys)
+        assert code == 2 and text in err.strip().splitlines()[-1], err
+        assert sorted(os.listdir(folder)) == before, "left something behind"
+        refused(lambda: RF.main(["export", folder, str(tmp_path / "out")]), text)
+        refused(lambda: RF.check_checkpoint(folder), text)  # --resume
+    assert not os.path.exists(tmp_path / "out") and not os.path.exists(tmp_path / "r.json")
+
+
+# --- issue 48: races and leftovers -------------------------------------------------------------------------------------
+
+def test_two_exports_of_one_checkpoint_at_once_make_one_and_both_use_it(tmp_path, tiny_checkpoint, monkeypatch):
+    ckpt = copy_checkpoint(tiny_checkpoint, tmp_path / "step_000001")
+    real_export, calls, said = RF.export_hf, [], []
+
+    def slow_export(checkpoint, out):  # holds the export open long enough that the two overlap
+        calls.append(out)
+        real_export(checkpoint, out)
+        threading.Event().wait(1.0)
+        return out
+
+    monkeypatch.setattr(RF, "export_hf", slow_export)
+    results, errors = [], []
+
+    def evaluate_one():
+        try:
+            results.append(RF.exported(ckpt, log=said.append))
+        except BaseException as e:  # noqa: BLE001 (a failure is what the test looks for)
+            errors.append(repr(e))
+
+    both = [threading.Thread(target=evaluate_one) for _ in range(2)]
+    for t in both:
+        t.start()
+        threading.Event().wait(0.2)
+    for t in both:
+        t.join(timeout=120)
+    assert errors == [] and len(calls) == 1 and results == [os.path.join(ckpt, "hf")] * 2, (errors, calls, results)
+    assert any("another process is exporting it; waiting for it" in line for line in said), said
+    RF.check_model_folder(os.path.join(ckpt, "hf"))
+
+
+def test_a_refused_run_leaves_no_folder_or_file_it_created(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    missing = ["--model", str(tmp_path / "no-model"), "--max-steps", "1", "--eval-every", "0"]
+    code, err = run_train_in_process(["train.py", "--output-dir", str(tmp_path / "a" / "b" / "run"), *missing], capsys)
+    assert code == 2 and "no such model folder" in err and not os.path.exists(tmp_path / "a"), err
+    (tmp_path / "empty").mkdir()
+    code, err = run_train_in_process(["train.py", "--output-dir", str(tmp_path / "empty"), *missing], capsys)
+    assert code == 2 and os.listdir(tmp_path / "empty") == []
+    run = own_run(tmp_path / "run")  # a folder that was a run before keeps what it had
+    before = sorted(os.listdir(run))
+    code, err = run_train_in_process(["train.py", "--output-dir", str(run), *missing], capsys)
+    assert code == 2 and sorted(os.listdir(run)) == before
+
+
+def test_a_damaged_config_json_is_refused_not_rewritten(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run = tmp_path / "run"
+    fake_checkpoint(run / "checkpoints" / "step_000001")
+    write(run / "metrics.jsonl", '{"step": 1}\n')
+    write(run / RF.RUN_MARKER, "{}")
+    torn = write(run / "config.json", '{"command": ["train.py", "--output-dir"], "started": "2026-01-01", "fla')
+    refused(lambda: RF.check_output_folder(str(run), True),
+            f"{run}/config.json is damaged (not valid JSON", "holds the run's launch record; restore it")
+    code, err = run_train_in_process(["train.py", "--output-dir", str(run), "--resume", "--max-steps", "2"], capsys)
+    assert code == 2 and "config.json is damaged (not valid JSON" in err, err
+    assert open(torn).read().endswith('"fla')
+
+
+def test_what_stands_in_for_the_lock_the_marker_or_config_json_is_named(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for name in (".lock", RF.RUN_MARKER, "config.json"):
+        run = tmp_path / name.strip(".")
+        fake_checkpoint(run / "checkpoints" / "step_000001")
+        write(run / "metrics.jsonl", '{"step": 1}\n')
+        if name != "config.json":
+            write(run / "config.json", json.dumps({"flags": {}}))
+        (run / name).mkdir()
+        text = f"{run}/{name} is not a regular file (a folder)"
+        refused(lambda: RF.check_output_folder(str(run), True), text)
+        refused(lambda: RF.lock_output_dir(str(run), resume=True), text)
+        code, err = run_train_in_process(["train.py", "--output-dir", str(run), "--resume", "--max-steps", "2"], capsys)
+        assert code == 2 and text in err and "Traceback" not in err, err
+
+
+def test_the_export_cache_is_reported_bounded_and_cleanable(tmp_path, tiny_checkpoint, read_only, capsys, monkeypatch):
+    """Exports of read-only checkpoints go to the cache (fp32: about 7 GB at 1.5B): each says its size and how to
+    list or remove them, the cache keeps the EXPORT_CACHE_KEEP most recently used, and an XDG_CACHE_HOME that is a
+    file or read-only is one line."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    bundle = tmp_path / "bundle"
+    copy_checkpoint(tiny_checkpoint, bundle / "a" / "step_000001")
+    shutil.copytree(bundle / "a", bundle / "b", copy_function=os.link)  # a second checkpoint in no more space
+    (bundle / "cache").mkdir()
+    ro = read_only(str(bundle))
+    monkeypatch.setattr(RF, "EXPORT_CACHE_KEEP", 1)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    said = []
+    first = RF.exported(os.path.join(ro, "a", "step_000001"), log=said.append)
+    assert any(line.startswith(f"{first}: 0.0") and "GB; the export cache keeps the 1 most recently used" in line
+               and "runfolder cache lists them, --clear removes them" in line for line in said), said
+    second = RF.exported(os.path.join(ro, "b", "step_000001"), log=said.append)
+    assert not os.path.exists(first) and os.path.isdir(second)
+    assert any(f"export cache: removed {first}" in line for line in said), said
+    capsys.readouterr()
+    RF.main(["cache"])
+    listed = capsys.readouterr().out
+    assert f"{second}  0.0" in listed and os.path.join(ro, "b", "step_000001") in listed
+    RF.main(["cache", "--clear"])
+    assert os.listdir(tmp_path / "cache" / "ce-gppo" / "exports") == []
+    bench = write(tmp_path / "bench.jsonl", '{"problem": "1 + 1?", "answer": 2}\n')
+    for cache, text in ((write(tmp_path / "a_file", "x"), "cannot be created (Not a directory; XDG_CACHE_HOME is"),
+                        (os.path.join(ro, "cache"), "cannot be created (")):  # read-only: EROFS, or EACCES by modes
+        monkeypatch.setenv("XDG_CACHE_HOME", cache)
+        code, err = run_evaluate_in_process(["evaluate.py", "--model", os.path.join(ro, "a", "step_000001"),
+                                             "--benchmarks", bench, "--sampler", "hf", "--output",
+                                             str(tmp_path / "r.json")], capsys)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and text in lines[-1] and "set XDG_CACHE_HOME to a writable folder" in lines[-1], err

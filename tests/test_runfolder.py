@@ -360,6 +360,9 @@ def test_a_planted_object_in_a_checkpoint_shard_is_refused_without_running(tmp_p
     model_state, optimizer_state = get_state_dict(model, optimizer)
     optimizer_state["param_groups"][0]["lr"] = Planted(marker)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder, no_dist=True)
+    with pytest.raises(SystemExit, match=r"\.metadata has \d+ bytes, not the \d+ written when the checkpoint was saved"):
+        runfolder.check_checkpoint(folder)  # the shards' recorded sizes and hashes no longer match
+    runfolder.write_manifest(folder)  # whoever can rewrite the shards can rewrite their manifest too
     runfolder.check_checkpoint(folder)  # its .metadata is DCP's own
     with pytest.raises(SystemExit, match="holds objects other than tensors and plain values in its shards; refusing"):
         runfolder.load_checkpoint(folder, model, optimizer)

@@ -257,6 +257,39 @@ def test_bad_input_is_one_line_and_exit_2_before_any_run(argv, message, tmp_path
     assert not (tmp_path / "runs").exists() and not (tmp_path / "study.json").exists()
 
 
+def test_bad_paths_and_a_deleted_log_are_one_line_and_exit_2_before_any_run(tmp_path, monkeypatch, capsys):
+    """Issue 48: --json naming a folder or holding garbage, --figures naming a file, --root naming a file, and a resume
+    whose run lost its metrics.jsonl: each one line, exit 2, before any run (run_one is never called)."""
+    monkeypatch.setattr(study, "run_one", lambda *a, **k: pytest.fail("a run started"))
+    (tmp_path / "folder.json").mkdir()
+    (tmp_path / "garbage.json").write_text("{not json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "a_file").write_text("x")
+    lost = tmp_path / "runs" / "tiny" / "grpo-s0"  # a run with a checkpoint whose metrics.jsonl was deleted
+    (lost / "checkpoints" / "step_000002").mkdir(parents=True)
+    (lost / "config.json").write_text(json.dumps({"flags": {"max_steps": 4}}))
+    base = ["study.py", "--preset", "tiny", "--configs", "grpo", "--seeds", "0", "--steps", "4"]
+    runs, good_json = ["--root", str(tmp_path / "runs")], ["--json", str(tmp_path / "study.json")]
+    cases = [
+        (runs + ["--json", str(tmp_path / "folder.json")], f"--json {tmp_path}/folder.json is a folder"),
+        (runs + ["--json", str(tmp_path / "garbage.json")], f"--json {tmp_path}/garbage.json: not a study's JSON"),
+        (runs + ["--json", str(tmp_path / "list.json")], f"--json {tmp_path}/list.json: not a study's JSON"),
+        (runs + good_json + ["--plot-only", "--figures", str(tmp_path / "a_file")],
+         f"--figures {tmp_path}/a_file is a file"),
+        (good_json + ["--root", str(tmp_path / "a_file")], f"--root {tmp_path}/a_file is a file"),
+        (runs + good_json, f"grpo seed 0: refused ({lost}): metrics.jsonl is missing or empty, but the run reached "
+                           "step 2"),
+    ]
+    for argv, message in cases:
+        monkeypatch.setattr(sys, "argv", base + argv)
+        with pytest.raises(SystemExit) as stop:
+            study.main()
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, (argv, err)
+    assert not (tmp_path / "study.json").exists() and sorted(p.name for p in tmp_path.iterdir()) == \
+        ["a_file", "folder.json", "garbage.json", "list.json", "runs"]
+
+
 # --- what the study could detect ------------------------------------------------------------------------------------
 
 @pytest.mark.slow

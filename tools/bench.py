@@ -24,10 +24,11 @@ Sections:
             Needs requirements-bench.txt for the TRL side; without it, ours only. On a GPU TRL also runs on its
             vLLM colocate mode, and --step-model/--step-prompts/--step-max-tokens set a larger shape.
   step_long the same step with every response exactly --step-long-tokens (256) long on both sides: rollout-bound
-  update_throughput  one train.py update, packed (--micro-batch-tokens) against padded micro-batches, on long-tailed
-            response lengths: tokens/s and model FLOPs utilisation against a GEMM rate measured on the same device
-            (formula above bench_update_throughput); --device cuda: R1-Distill-Qwen-1.5B's shape, bf16, 16k cap, peak
-            memory (target >= 40% MFU on an H100); CPU: a scaled-down shape (target packed >= 2x padded tokens/s)
+  update_throughput  one train.py update, packed (--micro-batch-tokens) against padded micro-batches, through the
+            attention train.py runs, on long-tailed response lengths and on short uniform rows: tokens/s and model
+            FLOPs utilisation against a GEMM rate measured on the same device (formula above bench_update_throughput);
+            --device cuda: R1-Distill-Qwen-1.5B's shape, bf16, 16k cap, peak memory (target >= 40% MFU on an H100);
+            CPU: a scaled-down shape (target packed >= 2x padded tokens/s long-tailed, >= 1x short and uniform)
   update_memory  (GPU only) one train.py update (stages 5 and 6) at the 1.5B model's shape, random weights, 2 x 16,384-token
             responses: peak memory with full logits against the fused log-probs, each in a fresh process
 """
@@ -340,12 +341,16 @@ def bench_update_memory(response_tokens=16384, prompt_tokens=512):
 
 # --- update throughput: packed against padded micro-batches, against the hardware's limit --------------------------
 # One train.py update (stages 5 and 6: one mini-batch, one AdamW step) of a Qwen2 with random weights, gradient
-# checkpointing on, fused log-probs, on sequences whose response lengths are long-tailed: lognormal with median
-# `median` and sigma 1 (mean ~1.65 x median), capped at `cap` (the run's max response length; ~5% of responses at the
-# defaults reach it, as truncated ones do), prompts uniform in [prompt_min, prompt_max]. Padded: micro-batches of
-# `micro_batch` sequences (the preset's 4) padded to their longest; packed: --micro-batch-tokens rows of `budget` tokens.
-# The model FLOPs of an update, counted as an MFU counts them (the recomputation of gradient checkpointing and the
-# padding are not useful work, so not counted):
+# checkpointing on, fused log-probs, through the attention the preset runs (attention.use: causal attention within each
+# sequence, varlen kernels on a GPU; --update-attn sdpa for transformers' own), on two draws of lengths, side by side:
+#   long_tailed    responses lognormal with median `median` and sigma 1 (mean ~1.65 x median), capped at `cap` (the
+#                  run's max response length; ~5% of responses at the defaults reach it, as truncated ones do), prompts
+#                  uniform in [prompt_min, prompt_max]
+#   short_uniform  4x as many sequences, short and alike (prompts U[16, 32] + responses U[48, 64] on a CPU; U[128, 256]
+#                  + U[768, 1024] on a GPU): little padding to save, many sequences per packed row
+# Padded: micro-batches of `micro_batch` sequences (the preset's 4) padded to their longest; packed:
+# --micro-batch-tokens rows of `budget` tokens. The model FLOPs of an update, counted as an MFU counts them (the
+# recomputation of gradient checkpointing and the padding are not useful work, so not counted):
 #   6 x (matmul parameters of the layers) x (prompt + response tokens)      linear layers, forward + backward
 #   + 6 x (LM head parameters) x (response tokens)                           the head runs on response positions only
 #   + 6 x layers x hidden x sum_i l_i^2                                       causal attention, QK^T and AV, l_i the
@@ -406,58 +411,99 @@ def _timed_update(policy, seqs, args):
     return time.perf_counter() - start, len(minis[0].micro), torch.cuda.max_memory_allocated() if cuda else None
 
 
-def bench_update_throughput(device="cpu", sequences=16, median=None, cap=None, budget=None, micro_batch=4, repeats=3,
-                            prompt_range=None, attn="sdpa"):
-    """Packed against padded updates, alternating (a warm-up update of each first); tokens/s and MFU of each. CPU: the
-    scaled-down CPU_SHAPE in fp32, responses median 192 capped at 2,048; CUDA: R1-Distill-Qwen-1.5B's shape in bf16
-    autocast, median 3,000 capped at 16,384, budget 20,480 (the preset's 4,096-token prompt + 16,384 response)."""
+def update_model(config, device, attn="preset"):
+    """A Qwen2 of `config`, random weights (seed 0), fp32 on `device`, gradient checkpointing on, in train mode, with
+    attn: "preset" (what train.load_policy runs: attention.use) or a transformers attn_implementation."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
+    from cegppo_utils import attention
+    torch.manual_seed(0)
+    with torch.device(device):  # initialised where it runs: at 1.5B, seconds on a GPU against a minute on a CPU
+        model = AutoModelForCausalLM.from_config(Qwen2Config(**config), dtype=torch.float32,
+                                                 attn_implementation="sdpa" if attn == "preset" else attn)
+    if attn == "preset":
+        attention.use(model)
+    model.gradient_checkpointing_enable()
+    return model.train()
+
+
+def random_sequences(config, lengths, seed=2):
+    """[(prompt, response)] -> train.py's sequences of random tokens, advantages +1 / -1 in turn."""
+    g = torch.Generator().manual_seed(seed)
+    return [{"prompt_ids": torch.randint(1, config["vocab_size"], (p,), generator=g).tolist(),
+             "response_ids": torch.randint(1, config["vocab_size"], (r,), generator=g).tolist(),
+             "advantage": (-1.0) ** i, "correct": i % 2 == 0} for i, (p, r) in enumerate(lengths)]
+
+
+def update_draws(cuda, sequences, median, cap, prompt_range, seed=2) -> dict:
+    """The two draws of (prompt, response) lengths (the section's comment above)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def uniform(low, high):
+        return int(torch.randint(low, high + 1, (1,), generator=g))
+    low, high = prompt_range
+    long_tailed = [(uniform(low, high), r) for r in response_lengths(sequences, median, cap, seed=seed - 2)]
+    (p0, p1), (r0, r1) = ((128, 256), (768, 1024)) if cuda else ((16, 32), (48, 64))
+    short_uniform = [(uniform(p0, p1), uniform(r0, r1)) for _ in range(4 * sequences)]
+    return {"long_tailed": long_tailed, "short_uniform": short_uniform}
+
+
+def bench_update_throughput(device="cpu", sequences=16, median=None, cap=None, budget=None, micro_batch=4, repeats=3,
+                            prompt_range=None, attn="preset", draws=("long_tailed", "short_uniform"), config=None):
+    """Packed against padded updates on each draw, alternating (a warm-up update of each first); tokens/s and MFU of
+    each. CPU: the scaled-down CPU_SHAPE in fp32, responses median 192 capped at 2,048; CUDA: R1-Distill-Qwen-1.5B's
+    shape in bf16 autocast, median 3,000 capped at 16,384, budget 20,480 (the preset's 4,096-token prompt + 16,384
+    response). config: another model shape (tests)."""
     import train
-    from cegppo_utils import flags
+    from cegppo_utils import attention, flags
     device = torch.device(device)
     cuda = device.type == "cuda"
     if cuda and not torch.cuda.is_available():
         return {"skipped": "--device cuda but no CUDA GPU"}
-    config = R1_DISTILL_1P5B if cuda else CPU_SHAPE
+    config = config or (R1_DISTILL_1P5B if cuda else CPU_SHAPE)
     median, cap = median or (3000 if cuda else 192), cap or (16384 if cuda else 2048)
-    low, high = prompt_range or ((128, 1024) if cuda else (16, 128))
+    prompt_range = prompt_range or ((128, 1024) if cuda else (16, 128))
     budget = budget or (20480 if cuda else 2048 + 128)
-    g = torch.Generator().manual_seed(2)
-    lengths = [(int(torch.randint(low, high + 1, (1,), generator=g)), r) for r in response_lengths(sequences, median, cap)]
-    seqs = [{"prompt_ids": torch.randint(1, config["vocab_size"], (p,), generator=g).tolist(),
-             "response_ids": torch.randint(1, config["vocab_size"], (r,), generator=g).tolist(),
-             "advantage": (-1.0) ** i, "correct": i % 2 == 0} for i, (p, r) in enumerate(lengths)]
-    torch.manual_seed(0)
-    # attn: sdpa masks a packed row block-diagonally over the whole row; flash_attention_2 (pip flash-attn, CUDA) runs
-    # each sequence on its own (varlen, from the restarting position ids)
-    model = AutoModelForCausalLM.from_config(Qwen2Config(**config), dtype=torch.float32, attn_implementation=attn).to(device)
-    model.gradient_checkpointing_enable()
-    model.train()
+    lengths = update_draws(cuda, sequences, median, cap, prompt_range)
+    model = update_model(config, device, attn)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    runs, rate = {"padded": [], "packed": []}, matmul_rate(device)
-    for round_ in range(repeats + 1):
-        for name, tokens in (("padded", 0), ("packed", budget)):
-            args = flags.resolve("r1-distill-1.5b", {"micro_batch_size": micro_batch, "micro_batch_tokens": tokens,
-                                                     "precision": "bf16" if cuda else "fp32"})
-            policy = train.make_policy(args, model, optimizer, pad_id=0, device=device, fused=True)
-            result = _timed_update(policy, seqs, args)
-            if round_:  # the first round is warm-up
-                runs[name].append(result)
-    flops, total = update_flops(config, lengths), sum(p + r for p, r in lengths)
+    rate = matmul_rate(device)
+    probe = torch.zeros(1, device=device, dtype=torch.bfloat16 if cuda else torch.float32)
+    implementation = model.config._attn_implementation
     out = {"device": torch.cuda.get_device_name() if cuda else cpu_model(), "shape": "R1-Distill-Qwen-1.5B" if cuda else
-           f"CPU_SHAPE {config}", "precision": "bf16 autocast" if cuda else "fp32", "sequences": sequences,
-           "lengths": f"prompts U[{low}, {high}], responses lognormal median {median} sigma 1 capped at {cap}",
-           "response_mean": statistics.mean(r for _, r in lengths), "response_max": max(r for _, r in lengths),
-           "tokens": total, "model_flops": flops, "matmul_rate_tflops": rate / 1e12, "budget": budget,
-           "micro_batch_size": micro_batch, "attention": attn}
-    for name, rs in runs.items():
-        seconds = statistics.median(r[0] for r in rs)
-        out.update({f"{name}_s": seconds, f"{name}_micro_batches": rs[0][1], f"{name}_tokens_per_s": total / seconds,
-                    f"{name}_mfu": flops / seconds / rate, f"{name}_runs_s": [r[0] for r in rs]})
-        if cuda:
-            out[f"{name}_peak_gib"] = max(r[2] for r in rs) / 2**30
-    out["packed_speedup"] = statistics.median(a[0] / b[0] for a, b in zip(runs["padded"], runs["packed"]))
+           f"CPU_SHAPE {config}", "precision": "bf16 autocast" if cuda else "fp32", "budget": budget,
+           "micro_batch_size": micro_batch, "matmul_rate_tflops": rate / 1e12,
+           "attention": implementation + (f" ({attention.kernel_for(probe)})" if implementation == attention.NAME
+                                          else ""),
+           "long_tailed_lengths": f"{sequences} sequences: prompts U[{prompt_range[0]}, {prompt_range[1]}], responses "
+                                  f"lognormal median {median} sigma 1 capped at {cap}",
+           "short_uniform_lengths": f"{4 * sequences} sequences: " + (
+               "prompts U[128, 256], responses U[768, 1024]" if cuda else "prompts U[16, 32], responses U[48, 64]")}
+    for draw in draws:
+        seqs = random_sequences(config, lengths[draw])
+        runs = {"padded": [], "packed": []}
+        for round_ in range(repeats + 1):
+            for name, tokens in (("padded", 0), ("packed", budget)):
+                args = flags.resolve("r1-distill-1.5b", {"micro_batch_size": micro_batch, "micro_batch_tokens": tokens,
+                                                         "precision": "bf16" if cuda else "fp32"})
+                policy = train.make_policy(args, model, optimizer, pad_id=0, device=device, fused=True)
+                result = _timed_update(policy, seqs, args)
+                if round_:  # the first round is warm-up
+                    runs[name].append(result)
+        flops, total = update_flops(config, lengths[draw]), sum(p + r for p, r in lengths[draw])
+        out.update({f"{draw}_tokens": total, f"{draw}_model_flops": flops,
+                    f"{draw}_response_mean": statistics.mean(r for _, r in lengths[draw]),
+                    f"{draw}_response_max": max(r for _, r in lengths[draw])})
+        for name, rs in runs.items():
+            seconds = statistics.median(r[0] for r in rs)
+            out.update({f"{draw}_{name}_s": seconds, f"{draw}_{name}_micro_batches": rs[0][1],
+                        f"{draw}_{name}_tokens_per_s": total / seconds, f"{draw}_{name}_mfu": flops / seconds / rate,
+                        f"{draw}_{name}_runs_s": [r[0] for r in rs]})
+            if cuda:
+                out[f"{draw}_{name}_peak_gib"] = max(r[2] for r in rs) / 2**30
+        # the median of the per-round ratios: a noisy machine slows both sides of a round alike
+        out[f"{draw}_packed_speedup"] = statistics.median(a[0] / b[0] for a, b in zip(runs["padded"], runs["packed"]))
+    out["target"] = "packed >= 2x padded tokens/s on long_tailed, >= 1x on short_uniform; GPU: packed MFU >= 40%"
     return out
 
 
@@ -845,7 +891,8 @@ def main():
     parser.add_argument("--update-response-tokens", type=int, default=16384, help="update_memory: tokens per response")
     parser.add_argument("--update-sequences", type=int, default=16, help="update_throughput: sequences in the update")
     parser.add_argument("--update-budget", type=int, default=0, help="update_throughput: --micro-batch-tokens (0: the default)")
-    parser.add_argument("--update-attn", default="sdpa", help="update_throughput: attention (sdpa | flash_attention_2 | eager)")
+    parser.add_argument("--update-attn", default="preset", help="update_throughput: attention, 'preset' (attention.py, "
+                        "as train.py runs it) or a transformers attn_implementation (sdpa | eager | flash_attention_2)")
     parser.add_argument("--_trl-worker", default=None, help=argparse.SUPPRESS)  # internal: the TRL side of `step`
     args = parser.parse_args()
     if args._trl_worker:

@@ -486,7 +486,7 @@ import pyarrow.parquet  # noqa: F401 (its own threads, if any, start with the im
 before = len(os.listdir("/proc/self/task"))
 for path in {paths!r}:
     try:
-        data.load_rows(path)
+        [data.to_row(record, where, i) for i, (where, record) in enumerate(data.read_records(path))]
     except SystemExit as e:
         print(e)
 print(before, len(os.listdir("/proc/self/task")))

@@ -1136,7 +1136,8 @@ def _size(folder) -> int:
 
 @contextlib.contextmanager
 def _folder_lock(folder, log, waiting):
-    """An exclusive flock on the folder itself, held inside the block (released when the process ends, however)."""
+    """An exclusive flock on the folder itself, held inside the block (released when the process ends, however). A
+    file system without flock (some network mounts) goes on unlocked."""
     import fcntl
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
     try:
@@ -1145,6 +1146,8 @@ def _folder_lock(folder, log, waiting):
         except BlockingIOError:
             log(waiting)
             fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
         yield
     finally:
         os.close(fd)

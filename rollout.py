@@ -431,8 +431,8 @@ def _same(engine_view, trainer_view) -> bool:
 
 def stale_tensors(sampler, model, step: int = 0) -> list[str]:
     """Names of the engine's tensors that differ from the trainer's (or that no trainer tensor matches), in the
-    engine's naming; [] for HF generate, which samples from the training model itself. All ranks take part: under
-    FSDP the trainer's tensors are gathered whole, one at a time, in the same order on every rank."""
+    engine's naming and order; [] for HF generate, which samples from the training model itself. All ranks take part:
+    under FSDP the trainer's tensors are gathered whole, one at a time, in the same order on every rank."""
     from cegppo_utils import distributed as D
     engine = sampler.engine_model()
     if engine is None:
@@ -440,7 +440,7 @@ def stale_tensors(sampler, model, step: int = 0) -> list[str]:
     params = dict(model.named_parameters())  # under FSDP, DTensors: their shapes are the whole tensors'
     fused = getattr(engine, "packed_modules_mapping", {}) or {}
     stale = []
-    for name, theirs in sorted(engine.named_parameters()):
+    for name, theirs in engine.named_parameters():  # the model's own order: the same on every rank
         parts = _trainer_parts(name, fused, params)
         if parts is None:
             stale.append(name)
@@ -466,9 +466,10 @@ def check_sync(sampler, model, prompt_ids, precision: str, step: int) -> float:
     device = next(model.parameters()).device
     stale = stale_tensors(sampler, model, step)
     if D.all_reduce([len(stale)], device, op="max")[0]:
+        named = ", ".join(stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
         raise SamplerOutOfSync(
             f"step {step + 1}: the sampler ({type(sampler).__name__}) does not hold the trainer's weights after the "
-            f"weight sync: its {', '.join(stale) or 'tensors (on another rank)'} differ from the trainer's; stopping")
+            f"weight sync: its {named or 'tensors (on another rank)'} differ from the trainer's; stopping")
     autocast = torch.bfloat16 if precision == "bf16" else None
     mismatch = D.all_reduce([sync_mismatch(sampler, model, prompt_ids, autocast_dtype=autocast)], device, op="max")[0]
     tolerance = SYNC_TOLERANCE[precision]

@@ -115,3 +115,9 @@ def test_accuracy_reads_the_midpoint_to_end_evaluations():
     kept = A.claims(study)["keeps_accuracy"][0]
     assert kept["mean"] == pytest.approx(-0.01)
     assert A.read(kept).startswith("no loss detected (a loss of up to ") and "not excluded" in A.read(kept)
+
+
+def test_claims_read_finished_runs_only():
+    study = {"grpo": {"0": run(steps=200), "1": run(steps=120)}, "grid_lr2e-4_u8": {"100": run(steps=100)},
+             "_warm_start": {"sha256": "be4a413e32125925"}}
+    assert A.finished(study) == {"grpo": {"0": study["grpo"]["0"]}}

@@ -15,7 +15,7 @@ import os
 
 from tools.configs import CONFIGS, REGIME_GRID
 from tools.stats import holm, mean_ci, min_detectable, paired_power, t_test_p
-from tools.study import ROOT, load_study, para
+from tools.study import ROOT, configurations, load_study, para
 
 JSON = os.path.join(ROOT, "docs", "figures", "study-merge-active.json")
 FIGURES = os.path.join(ROOT, "docs", "figures", "study-merge-active")
@@ -384,21 +384,32 @@ def draw_entropy(study: dict, path: str, window_steps: int = 5) -> str | None:
     return path
 
 
+def finished(study: dict, steps: int = 200) -> dict:
+    """The arms' runs that reached `steps` (a run still going is recorded with what it has logged so far)."""
+    done = {name: {s: r for s, r in runs.items() if r["steps_done"] >= steps}
+            for name, runs in configurations(study).items() if name not in REGIME_GRID}
+    return {name: runs for name, runs in done.items() if runs}
+
+
 def report(json_path: str = JSON, figures: str = FIGURES) -> None:
     """Every table of the second study, and its figure, from its JSON (tools/study.py calls this for merge-active)."""
     study = load_study(json_path)
     rows, chosen, _ = choose_regime(study)
     size = sizing(study, chosen)
+    arms = finished(study)
+    running = sorted(f"{name} seed {s} ({r['steps_done']} steps)" for name, runs in configurations(study).items()
+                     if name not in REGIME_GRID for s, r in runs.items() if r["steps_done"] < 200)
     os.makedirs(figures, exist_ok=True)
     texts = {"regime.md": regime_report(study), "sizing.md": sizing_report(size, chosen),
-             "verdicts.md": verdicts_report(study)}
+             "verdicts.md": verdicts_report(arms) + (f"\n\nNot finished (left out above): {', '.join(running)}."
+                                                      if running else "")}
     for file, text in texts.items():
         with open(os.path.join(figures, file), "w") as f:
             f.write(text + "\n")
     with open(os.path.join(figures, "readings.json"), "w") as f:
-        json.dump({"grid": rows, "chosen": chosen and chosen["name"], "sizing": size, "claims": claims(study)}, f,
+        json.dump({"grid": rows, "chosen": chosen and chosen["name"], "sizing": size, "claims": claims(arms)}, f,
                   indent=1)
-    figure = draw_entropy(study, os.path.join(figures, "entropy.png"))
+    figure = draw_entropy(arms, os.path.join(figures, "entropy.png"))
     print("\n\n".join(texts.values()))
     print(f"[study_active] written to {figures}" + (f" (and {os.path.basename(figure)})" if figure else ""))
 

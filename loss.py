@@ -12,6 +12,11 @@ Read this file beside the papers:
            Perspective", arXiv 2602.09782.
   SAPO     Gao et al., "Soft Adaptive Policy Optimization", arXiv 2511.20347 (sigmoid gate for the clip).
   Clip-Cov, KL-Cov  Cui et al., "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617.
+  ERC      Su et al., "Entropy Ratio Clipping as a Soft Global Constraint", arXiv 2512.05591 (on GPPO or PPO-clip).
+  DPPO     Qi et al., "Rethinking the Trust Region in LLM RL", arXiv 2602.04879 (binary TV and KL masks).
+  GMPO     Zhao et al., "Geometric-Mean Policy Optimization", arXiv 2507.20673.
+  M2PO     Zheng et al., "Prosperity before Collapse", arXiv 2510.01161 (second-moment mask).
+  (IcePop, arXiv 2510.18855, masks on the sampler/trainer ratio: cegppo_utils/correction.py.)
   Options usable with every algorithm:
     top-entropy tokens  Wang et al., "Beyond the 80/20 Rule", arXiv 2506.01939 (train on the top-rho entropy tokens).
     adaptive entropy    He et al., "Skywork Open Reasoner 1", arXiv 2505.22312 (the entropy coefficient
@@ -90,6 +95,10 @@ class Tokens(NamedTuple):
     mask: torch.Tensor  # 1 on response tokens, 0 on padding
     eps_low: float | torch.Tensor  # clip range; [B, T] tensors under dynamic clipping
     eps_high: float | torch.Tensor
+    old_logp: torch.Tensor | None = None  # log pi_old(y_t), unclamped (DPPO judges probabilities, not the ratio)
+    entropy: torch.Tensor | None = None  # the current policy's per-token entropy, where policy_loss was given it
+    old_entropy: torch.Tensor | None = None  # the old policy's (ERC's entropy ratio H / H_old)
+    weights: torch.Tensor | None = None  # policy_loss's per-token weights, for a loss that applies them itself (GMPO)
 
 
 def ce_gppo_token_loss(t: Tokens, cfg: LossConfig):
@@ -121,7 +130,7 @@ def _dual_clip(loss, adv, clip_ratio_c):
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 cfg: LossConfig | None = None, *, totals: Totals | None = None, entropy: torch.Tensor | None = None,
                 correct: torch.Tensor | None = None, weights: torch.Tensor | None = None, progress: float = 0.0,
-                od_state: int = 0, ref_logp: torch.Tensor | None = None):
+                od_state: int = 0, ref_logp: torch.Tensor | None = None, old_entropy: torch.Tensor | None = None):
     """The loss of cfg.algo (minimised) with its extra terms, and its diagnostics.
 
     logp       [B, T] log pi_theta of the sampled tokens (with grad), e.g. from logprobs.model_logprobs
@@ -132,11 +141,13 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     totals     the mini-batch's counts when this call sees one micro-batch (exact means); None: this call's own
     entropy    [B, T] per-token entropy: reports the four entropy-sensitive regions; with cfg.entropy_coef it
                must carry gradient, and the bonus -entropy_coef * mean(entropy) joins the loss; with
-               cfg.top_entropy_quantile < 1 it picks the tokens the policy term trains on
+               cfg.top_entropy_quantile < 1 it picks the tokens the policy term trains on; the ERC algorithms
+               read it as the current policy's (needs_current_entropy)
     correct    [B] bool, for cfg.positive_lm_coef: + coef * NLL(correct responses)
     weights    [B, T] detached per-token weights on the policy term (an importance weight: correction.py)
     progress, od_state: training progress k/T and the oscillatory-decay state, for cfg.dynamic_clip
     ref_logp   [B, T] log pi_ref of the same tokens (no grad), for cfg.kl_coef: + kl_coef * mean(KL estimate)
+    old_entropy [B, T] the old policy's per-token entropy (no grad), for the ERC algorithms
 
     Returns (loss, metrics); metrics are detached 0-d tensors, token means over this call's response tokens
     (pg_loss and the extra terms: their values as aggregated).
@@ -162,15 +173,19 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     # 0 on padding: its ratio is exactly 1 there (inside every interval, never dual-clipped), so the metrics need no
     # masking; the loss is masked in aggregate() anyway.
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) * mask
-    tokens = Tokens(logp, log_ratio, advantages.to(logp.dtype), mask, eps_low, eps_high)
+    if ALGORITHMS[cfg.algo].needs_entropy and (entropy is None or old_entropy is None):
+        raise ValueError(f"{cfg.algo} needs the current and the old policy's per-token entropy "
+                         "(entropy=..., old_entropy=...)")
+    tokens = Tokens(logp, log_ratio, advantages.to(logp.dtype), mask, eps_low, eps_high, old_logp, entropy,
+                    old_entropy, weights)
     token_loss, ratio, extra = ALGORITHMS[cfg.algo].token_loss(tokens, cfg)
     if cfg.top_entropy_quantile < 1.0:  # "Beyond the 80/20 rule": the policy term on high-entropy tokens only
         if entropy is None:
             raise ValueError("top_entropy_quantile needs the per-token entropy (entropy=...)")
         forking = high_entropy_tokens(entropy.detach(), mask, cfg.top_entropy_quantile)
         token_loss, extra = token_loss * forking, {**extra, "entropy_kept_frac": forking}
-    if weights is not None:  # a detached weight per token on the policy term (sampler/trainer mismatch)
-        token_loss = token_loss * weights
+    if weights is not None and not ALGORITHMS[cfg.algo].applies_weights:  # a detached weight per token on the policy
+        token_loss = token_loss * weights  # term (sampler/trainer mismatch)
     pg_loss = aggregate(token_loss, mask, cfg.loss_agg_mode, totals, cfg.norm_len)
     loss, terms = _extra_terms(pg_loss, logp, mask, cfg, totals, entropy, correct, ref_logp)
     metrics = {k: v.detach() for k, v in terms.items()}
@@ -396,6 +411,140 @@ def kl_cov_token_loss(t: Tokens, cfg: LossConfig):
     return loss, ratio.detach(), {"cov_kl_frac": penalised}
 
 
+# The 2026 comparison set: ERC, DPPO, GMPO, M2PO (IcePop, a mask on the sampler/trainer ratio, is in correction.py).
+
+def _entropy_ratio_clip(t: Tokens, cfg: LossConfig, loss, ratio, extra):
+    """ERC (arXiv 2512.05591): the per-token entropy ratio rho_H = H_theta(y_t) / H_old(y_t) between the current
+    and the old policy's distributions at the token's position; outside the band (erc_low, erc_high) the token's loss
+    keeps its value but loses its gradient. A constraint on the whole distribution's change, beside the clip on the
+    sampled token's ratio. As the authors' code (Kwai-Klear/ERC, core_algos.py): rho_H = (H + 1e-8) / (H_old + 1e-8),
+    the band open at both ends, applied after the clip and dual clip; both entropies at the sampling temperature. The
+    paper's equations were not available here (its abstract and the authors' README, which shows this code, were):
+    the code is what this follows."""
+    entropy_ratio = (t.entropy.detach() + 1e-8) / (t.old_entropy.detach() + 1e-8)
+    below, above = entropy_ratio <= cfg.erc_low, entropy_ratio >= cfg.erc_high
+    valid = t.mask > 0
+    loss = torch.where(below | above, loss.detach(), loss)
+    return loss, ratio, {**extra, "erc_below_frac": below & valid, "erc_above_frac": above & valid}
+
+
+def gppo_erc_token_loss(t: Tokens, cfg: LossConfig):
+    """ERC on GPPO (the authors' `gppo_erc`): gppo's loss, then no gradient where H / H_old leaves the band."""
+    return _entropy_ratio_clip(t, cfg, *gppo_token_loss(t, cfg))
+
+
+def grpo_erc_token_loss(t: Tokens, cfg: LossConfig):
+    """ERC on PPO-clip (the authors' `grpo_erc`, run with DAPO's settings): PPO-clip with dual clip, then no gradient
+    where H / H_old leaves the band."""
+    return _entropy_ratio_clip(t, cfg, *ppo_clip_token_loss(t, cfg))
+
+
+def _dppo_loss(t: Tokens, cfg: LossConfig, within_up, within_down):
+    """DPPO's policy term (arXiv 2602.04879): a token whose probability moved past the trust region in the direction
+    its advantage pushes (up for A > 0, down for A <= 0) is masked, value and gradient; the others get
+      loss = -A * sg(min(d, clip_ratio_c)) * log pi,
+    whose gradient is d A grad log pi, the unclipped ratio's (clip_ratio_c > 0 truncates the weight; 0: none).
+
+    The paper's own code (sail-sg/Stable-RL, "dppo_binary_tv") and prime-rl's default loss take the divergence and the
+    ratio against the sampler's log-probs; verl's dppo_tv / dppo_kl (verl-project/verl, core_algos.py) take them
+    against the recomputed old log-probs (Stable-RL's "..._recompute"), which this follows: pi_old here is the
+    trainer's own, and the sampler/trainer gap is the rollout correction's (--rollout-correction)."""
+    ratio = torch.exp(t.log_ratio.detach())
+    weight = ratio.clamp(max=cfg.clip_ratio_c) if cfg.clip_ratio_c else ratio
+    masked = ~torch.where(t.adv > 0, within_up, within_down)  # as verl: a NaN divergence (p > 1) is not within
+    loss = -t.adv * weight * t.logp * ~masked
+    valid = t.mask > 0
+    extra = {"dppo_masked_frac_pos": masked & (t.adv > 0) & valid, "dppo_masked_frac_neg": masked & (t.adv < 0) & valid}
+    if cfg.clip_ratio_c:
+        extra["dppo_truncated_frac"] = (ratio > cfg.clip_ratio_c) & ~masked & valid
+    return loss, ratio, extra
+
+
+def dppo_tv_token_loss(t: Tokens, cfg: LossConfig):
+    """DPPO-Binary-TV: the total variation between the old and the current policy's binary distributions {y_t, not
+    y_t} is |p - p_old|; masked where p - p_old > dppo_mask_high (A > 0) or p - p_old < -dppo_mask_low (A <= 0)."""
+    prob, old_prob = t.logp.detach().exp(), t.old_logp.exp()
+    return _dppo_loss(t, cfg, prob - old_prob <= cfg.dppo_mask_high, prob - old_prob >= -cfg.dppo_mask_low)
+
+
+def dppo_kl_token_loss(t: Tokens, cfg: LossConfig):
+    """DPPO-Binary-KL: KL(Bernoulli(p_old) || Bernoulli(p)) = p_old log(p_old / p) + (1 - p_old) log((1 - p_old) /
+    (1 - p)), with verl's 1e-8 in the second term (p = 1); masked where it exceeds dppo_mask_high while p rose (A > 0)
+    or dppo_mask_low while p fell (A <= 0)."""
+    logp = t.logp.detach()
+    prob, old_prob = logp.exp(), t.old_logp.exp()
+    binary_kl = old_prob * (t.old_logp - logp) + (1 - old_prob) * torch.log((1 - old_prob + 1e-8) / (1 - prob + 1e-8))
+    return _dppo_loss(t, cfg, (binary_kl <= cfg.dppo_mask_high) | (prob <= old_prob),
+                      (binary_kl <= cfg.dppo_mask_low) | (prob >= old_prob))
+
+
+def gmpo_token_loss(t: Tokens, cfg: LossConfig):
+    """GMPO (arXiv 2507.20673): one ratio per response, the geometric mean of its token ratios, each clipped in log
+    space on the side its advantage would exploit:
+      log d~_t = min(log d_t, eps_high) if A > 0,  max(log d_t, -eps_low) if A < 0,  0 if A = 0
+      loss_i = -A_i * exp(mean_t log d~_t),  A_i the mean advantage over the response.
+    The gradient on log pi(y_t) is -A_i exp(mean_t log d~_t) / |y_i| where the token is not clipped, 0 where it is.
+    loss_i is put on each token of the response, so seq-mean-token-mean averages it over responses (as verl's
+    geo_mean, whose mean is per micro-batch; exact over the mini-batch here). verl divides by |y_i| + 1e-8 (here |y_i|)
+    and leaves log d unclamped (here clamped to +-20, as every loss here). The authors' example in verl (their
+    official implementation, examples/gmpo_trainer) clips at (e^-0.4, e^0.4); they advise less for MoE models.
+    A rollout correction's per-token weights w_t enter as verl's: their geometric mean over the response,
+    exp(mean_t log(w_t + 1e-10)), scales loss_i (each token IcePop zeroes multiplies it by 1e-10^(1 / |y_i|)).
+    """
+    log_ratio = t.log_ratio
+    clipped = torch.where(t.adv > 0, log_ratio.clamp(max=t.eps_high),
+                          torch.where(t.adv < 0, log_ratio.clamp(min=-t.eps_low), torch.zeros_like(log_ratio)))
+    n = t.mask.sum(-1, keepdim=True).clamp(min=1)
+    seq_ratio = torch.exp((clipped * t.mask).sum(-1, keepdim=True) / n)
+    seq_adv = (t.adv.expand_as(log_ratio) * t.mask).sum(-1, keepdim=True) / n
+    loss = -seq_adv * seq_ratio
+    if t.weights is not None:
+        loss = loss * torch.exp((torch.log(t.weights + 1e-10) * t.mask).sum(-1, keepdim=True) / n)
+    loss = loss.expand_as(log_ratio)
+    valid = t.mask > 0
+    extra = {"gmpo_clip_frac_high": (t.adv > 0) & (log_ratio.detach() > t.eps_high) & valid,
+             "gmpo_clip_frac_low": (t.adv < 0) & (log_ratio.detach() < -t.eps_low) & valid}
+    return loss, torch.exp(log_ratio.detach()), extra
+
+
+def second_moment_mask(log_ratio: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+    """M2PO's mask: with the response tokens' M2_t = (log d_t)^2 sorted from the largest, drop the fewest largest ones
+    whose removal leaves the mean of the rest below `threshold` (all but the smallest if no count does). True on the
+    tokens kept, False on the dropped ones and on padding. Ties are broken by position (a stable sort)."""
+    valid = mask > 0
+    kept = valid.clone()
+    m2 = log_ratio.detach()[valid].square()
+    if m2.numel() == 0:
+        return kept
+    largest_first = torch.sort(m2, descending=True, stable=True)
+    # mean of each suffix of the sorted values, summed from the smallest: what is left after dropping the first k
+    counts = torch.arange(m2.numel(), 0, -1, dtype=m2.dtype, device=m2.device)
+    rest_mean = largest_first.values.flip(0).cumsum(0).flip(0) / counts
+    below = torch.nonzero(rest_mean < threshold)
+    drop = int(below[0]) if len(below) else m2.numel() - 1
+    kept_flat = torch.ones_like(m2, dtype=torch.bool)
+    kept_flat[largest_first.indices[:drop]] = False
+    kept[valid] = kept_flat
+    return kept
+
+
+def m2po_token_loss(t: Tokens, cfg: LossConfig):
+    """M2PO (arXiv 2510.01161): no clip; the policy term -d A on every response token but those second_moment_mask
+    drops, so that the second moment of log d over the tokens kept is below m2_threshold:
+      loss = -M_t d A,  M_t in {0, 1}, token-mean over every response token (the paper's 1 / sum_i |o_i|).
+    The mask is taken over the tokens of one policy_loss call, as AReaL (its loss function sees one micro-batch).
+    Where AReaL differs: it takes M2 between the sampler's and the recomputed old log-probs (its decoupled loss, whose
+    staleness is up to hundreds of updates); here pi_old is the sampling weights' (recomputed by the trainer) and the
+    staleness is within the step (mini-batches, --ppo-epochs), so M2 is taken on d = pi_theta / pi_old, as the paper's
+    r = pi_theta / pi_behav. And AReaL divides each call's sum by the tokens kept; the paper's mean, followed here,
+    divides by all of them (AReaL's is larger by N / N_kept)."""
+    ratio = torch.exp(t.log_ratio)
+    kept = second_moment_mask(t.log_ratio, t.mask, cfg.m2_threshold)
+    valid = t.mask > 0
+    extra = {"m2po_masked_frac": valid & ~kept, "m2po_second_moment": t.log_ratio.detach().square() * t.mask}
+    return -t.adv * ratio * kept, ratio.detach(), extra
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. The registry: each algorithm's loss and its own defaults
 # ---------------------------------------------------------------------------------------------
@@ -411,6 +560,8 @@ class Algorithm:
     dynamic_clip: bool = True  # whether dynamic clip thresholds apply
     # Only an algorithm whose per-token loss is proportional to A may set this: train.py then skips its A = 0 responses.
     proportional_to_advantage: bool = False
+    needs_entropy: bool = False  # its token loss reads the current and the old per-token entropy (ERC)
+    applies_weights: bool = False  # its token loss applies policy_loss's per-token weights itself (GMPO, per response)
 
 
 _CLIP = ("eps_low", "eps_high", "loss_agg_mode")
@@ -474,6 +625,53 @@ ALGORITHMS = {
         paper="arXiv 2505.22617 (KL-Cov)",
         objective="`-d A`, plus `kl_cov_coef * abs(log d)` on the `kl_cov_ratio` of tokens with the largest `Cov`",
         dynamic_clip=False),
+    # ERC: the authors' scripts (Kwai-Klear/ERC recipe/dapo/*_erc_1_05.sh): band (0.95, 1.05), dual clip 10,
+    # token-mean; gppo_erc with eps 0.2 / 0.2, grpo_erc with DAPO's 0.2 / 0.28. ERC exists only on these two.
+    "gppo_erc": Algorithm(
+        gppo_erc_token_loss,
+        dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="token-mean", erc_low=0.95, erc_high=1.05),
+        reads=_CLIP + ("clip_ratio_c", "erc_low", "erc_high"),
+        paper="arXiv 2512.05591 (ERC)",
+        objective="`gppo`; no gradient where `H / H_old` is outside `(erc_low, erc_high)`",
+        dynamic_clip=False, proportional_to_advantage=True, needs_entropy=True),
+    "grpo_erc": Algorithm(
+        grpo_erc_token_loss,
+        dict(eps_low=0.2, eps_high=0.28, clip_ratio_c=10.0, loss_agg_mode="token-mean", erc_low=0.95, erc_high=1.05),
+        reads=_CLIP + ("clip_ratio_c", "erc_low", "erc_high"),
+        paper="arXiv 2512.05591 (ERC)",
+        objective="PPO-clip, dual clip; no gradient where `H / H_old` is outside `(erc_low, erc_high)`",
+        dynamic_clip=False, proportional_to_advantage=True, needs_entropy=True),
+    # DPPO: verl's example script (examples/dppo_trainer): TV bound 0.15, KL bound 0.05, seq-mean-token-sum-norm, and
+    # a truncation cap of 10000 that never binds (the paper, §5.4: a large one); none here (clip_ratio_c 0), as prime-rl
+    "dppo_tv": Algorithm(
+        dppo_tv_token_loss,
+        dict(clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-sum-norm", dppo_mask_low=0.15, dppo_mask_high=0.15),
+        reads=("loss_agg_mode", "clip_ratio_c", "dppo_mask_low", "dppo_mask_high"),
+        paper="arXiv 2602.04879 (DPPO-Binary-TV)",
+        objective="`-sg(d) A log pi`, masked where `p - p_old > dppo_mask_high` (A > 0) or `< -dppo_mask_low` (A <= 0)",
+        dynamic_clip=False, proportional_to_advantage=True),
+    "dppo_kl": Algorithm(
+        dppo_kl_token_loss,
+        dict(clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-sum-norm", dppo_mask_low=0.05, dppo_mask_high=0.05),
+        reads=("loss_agg_mode", "clip_ratio_c", "dppo_mask_low", "dppo_mask_high"),
+        paper="arXiv 2602.04879 (DPPO-Binary-KL)",
+        objective="`dppo_tv` with the binary KL `KL(p_old, p)` as the divergence, in the direction `A` pushes",
+        dynamic_clip=False, proportional_to_advantage=True),
+    # GMPO: the authors' example in verl (examples/gmpo_trainer): clip 0.4 in log space, (e^-0.4, e^0.4); one loss per
+    # response
+    "gmpo": Algorithm(
+        gmpo_token_loss, dict(eps_low=0.4, eps_high=0.4, clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-mean"),
+        reads=_CLIP,
+        paper="arXiv 2507.20673",
+        objective="`-A exp(mean_t log d~)`, `log d` clipped to `eps_high` (A > 0) or `-eps_low` (A < 0)",
+        dynamic_clip=False, proportional_to_advantage=True, applies_weights=True),
+    # M2PO: AReaL's example and the authors' scripts: threshold 0.04; token-mean, no clip; the mask sees the whole call
+    "m2po": Algorithm(
+        m2po_token_loss, dict(clip_ratio_c=0.0, loss_agg_mode="token-mean", m2_threshold=0.04),
+        reads=("loss_agg_mode", "m2_threshold"),
+        paper="arXiv 2510.01161",
+        objective="`-d A`, masked on the tokens with the largest `(log d)^2` until their mean is below `m2_threshold`",
+        dynamic_clip=False),
 }
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -500,6 +698,12 @@ def ignored_fields(cfg: LossConfig) -> list[str]:
     """LossConfig fields `cfg.algo` does not read (so setting them changes nothing)."""
     reads = set(ALGORITHMS[cfg.algo].reads) | set(COMMON_FIELDS) | {"algo"}
     return [f.name for f in fields(LossConfig) if f.name not in reads]
+
+
+def needs_current_entropy(cfg: LossConfig) -> bool:
+    """Whether policy_loss must see the current policy's entropy (entropy=...): for the entropy bonus (with its
+    gradient), the top-entropy mask and ERC's ratio. Otherwise the old policy's serves its metrics."""
+    return bool(cfg.entropy_coef) or cfg.top_entropy_quantile < 1 or ALGORITHMS[cfg.algo].needs_entropy
 
 
 def skips_zero_advantage(cfg: LossConfig) -> bool:
@@ -628,7 +832,7 @@ class LossConfig:
     eps_high: float = option(0.2, Rule(0, low_open=True))  # upper clip range
     beta1: float = option(0.5, Rule(0, cap=100, cap_says=BETA_CAP))  # CE-GPPO gradient scale on the left boundary (d < 1-eps, A < 0); larger lowers entropy
     beta2: float = option(1.0, Rule(0, cap=100, cap_says=BETA_CAP))  # CE-GPPO gradient scale on the right boundary (d > 1+eps, A > 0); larger keeps entropy up
-    clip_ratio_c: float = option(10.0, Rule(0))  # dual-clip bound for A < 0 (official scripts: 10); 0 disables
+    clip_ratio_c: float = option(10.0, Rule(0))  # dual-clip bound for A < 0 (official scripts: 10); 0 disables; DPPO: the cap on its detached ratio (verl's truncation)
     loss_agg_mode: str = option("token-mean", Rule(choices=LOSS_AGG_MODES))  # how token losses become one number
     norm_len: int = option(0, Rule(0, integer=True))  # seq-mean-token-sum-norm's constant length (Dr. GRPO); 0 = the max response length
     entropy_coef: float = option(0.0, Rule(0))  # entropy bonus: loss -= coef * mean token entropy (paper §4 baseline: 0.001, 0.003)
@@ -650,6 +854,11 @@ class LossConfig:
     entropy_coef_delta: float = option(0.005, Rule(0, low_open=True))  # adaptive entropy: step of the coefficient per training step (Skywork-OR1, TRL entropy_coef_delta: 0.005)
     entropy_coef_min: float = option(0.0, Rule(0))  # adaptive entropy: lower bound of the coefficient (TRL entropy_coef_min: 0)
     entropy_coef_max: float = option(1.0, Rule(0))  # adaptive entropy: upper bound of the coefficient (TRL entropy_coef_max: 1)
+    erc_low: float = option(0.95, Rule(0, 1, high_open=True))  # ERC: no gradient where H / H_old <= erc_low (the authors' scripts: 0.95)
+    erc_high: float = option(1.05, Rule(1, low_open=True))  # ERC: no gradient where H / H_old >= erc_high (the authors' scripts: 1.05)
+    dppo_mask_low: float = option(0.15, Rule(0))  # DPPO: mask A <= 0 tokens whose probability fell past this divergence (verl: TV 0.15, KL 0.05)
+    dppo_mask_high: float = option(0.15, Rule(0))  # DPPO: mask A > 0 tokens whose probability rose past this divergence (verl: TV 0.15, KL 0.05)
+    m2_threshold: float = option(0.04, Rule(0, low_open=True))  # M2PO: mask the largest (log d)^2 until the rest's mean is below this (paper, AReaL: 0.04)
 
 
 def loss_config(algo: str = "ce_gppo", **overrides) -> LossConfig:

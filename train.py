@@ -76,7 +76,8 @@ def main(args: Args):
         minis = make_mini_batches(policy, mini_batch_sequences(kept, groups, advantages, correct, args), cfg)
         # 5. old log-probs from the weights that sampled (the first mini-batch's: its own first forward in stage 6,
         # where the weights are still those), and the rollout correction's weights
-        update = old_logprobs(policy, minis, args.rollout_correction, args.rollout_correction_threshold) if kept else {}
+        update = old_logprobs(policy, minis, args.rollout_correction, args.rollout_correction_threshold,
+                              (args.icepop_low, args.icepop_high)) if kept else {}
         # 6. one optimizer step per mini-batch of kept groups, in ppo_epochs passes over them
         if kept:
             ctx = StepContext(step, min(1.0, step / args.max_steps), run.loop.od_state)
@@ -210,11 +211,13 @@ def response_logprobs(policy: Policy, mb, grad=False, truncation=False, model=No
     return out[0], out[1], (out[2] if truncation else None)
 
 
-def old_logprobs(policy, minis: list[MiniBatch], rollout_correction="none", threshold=2.0) -> dict:
+def old_logprobs(policy, minis: list[MiniBatch], rollout_correction="none", threshold=2.0,
+                 band=correction.ICEPOP_BAND) -> dict:
     """5. log pi_old of every response token (and its entropy), no grad: the policy that sampled, up to the
     sampler's numerics. The first mini-batch is trained on the weights that sampled it, so stage 6 takes its old
     log-probs from its own first forward, detached, and it is skipped here; not with the rollout correction, whose
-    trainer-side log-probs need the sampler's truncation (correction.py). Returns the correction's metrics."""
+    trainer-side log-probs need the sampler's truncation (correction.py; threshold: TIS / MIS's C, band: IcePop's
+    [alpha, beta]). Returns the correction's metrics."""
     correcting = rollout_correction != "none"
     with torch.no_grad():
         for mini in (minis if correcting else minis[1:]):
@@ -226,7 +229,7 @@ def old_logprobs(policy, minis: list[MiniBatch], rollout_correction="none", thre
                     mb.ref_logp = response_logprobs(policy, mb, model=policy.ref_model)[0]
     if not correcting:
         return {}
-    return correction.correct([m.micro for m in minis], rollout_correction, threshold, policy.device)
+    return correction.correct([m.micro for m in minis], rollout_correction, threshold, policy.device, band)
 
 
 def step_loss_config(cfg: L.LossConfig, loop: LoopState) -> L.LossConfig:
@@ -281,9 +284,9 @@ def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, ctx: StepContext 
         if mb.old_logp is None:  # the first mini-batch: no update yet since sampling, old = current
             mb.old_logp, mb.old_entropy = logp.detach(), entropy.detach()
         loss, m = L.policy_loss(logp, mb.old_logp, mb.advantages, mb.response_mask, cfg, totals=mini.totals,
-                                entropy=entropy if cfg.entropy_coef or cfg.top_entropy_quantile < 1 else mb.old_entropy,
-                                correct=mb.correct, weights=mb.weights, progress=ctx.progress, od_state=ctx.od_state,
-                                ref_logp=mb.ref_logp)
+                                entropy=entropy if L.needs_current_entropy(cfg) else mb.old_entropy,
+                                old_entropy=mb.old_entropy, correct=mb.correct, weights=mb.weights,
+                                progress=ctx.progress, od_state=ctx.od_state, ref_logp=mb.ref_logp)
         if bad_loss is None and not torch.isfinite(loss):
             bad_loss = loss.item()
         loss.backward()

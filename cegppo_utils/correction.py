@@ -23,35 +23,40 @@ from cegppo_utils import distributed as D
 from cegppo_utils import logprobs
 from loss import LOG_RATIO_CLAMP, quantile
 
-MODES = ("none", "token-tis", "token-mis", "seq-tis", "seq-mis")
+MODES = ("none", "token-tis", "token-mis", "seq-tis", "seq-mis", "token-icepop")
+ICEPOP_BAND = (0.5, 5.0)  # IcePop's [alpha, beta] (Ring-1T, arXiv 2510.18855; verl's decoupled_token_icepop)
 
 
-def correct(micro_batches, mode: str, threshold: float, device) -> dict:
+def correct(micro_batches, mode: str, threshold: float, device, band=ICEPOP_BAND) -> dict:
     """The entry point. Each micro-batch (train.MicroBatch) holds the trainer's old log-probs (old_logp), what the
     sampler's truncation keeps under the trainer's distribution (kept, a logprobs.Truncation) and the sampler's own
     log-probs (sampler_logp); each gets its weights (weights, for loss.policy_loss). Returns the step's metrics,
-    over every rank's tokens."""
+    over every rank's tokens. band: token-icepop's [alpha, beta]."""
     log_rhos, corrected = [], []
     for mbs in micro_batches:
         for mb in mbs:
             trainer_logp = logprobs.truncated_logprobs(mb.old_logp, mb.kept)
             mb.weights, log_rho, flags = importance_weights(trainer_logp, mb.sampler_logp, mb.response_mask, mode,
-                                                            threshold)
+                                                            threshold, band)
             log_rhos.append(log_rho), corrected.append(flags)
     return {**reduced_metrics(log_rhos, corrected, device), **outside_kept_set(micro_batches, device)}
 
 
 def importance_weights(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, mode: str,
-                       threshold: float):
+                       threshold: float, band=ICEPOP_BAND):
     """Detached per-token weights [B, T] for policy_loss(weights=...), the raw log-ratios of the response tokens
     (flattened, for metrics()) and which tokens (token modes) or responses (seq modes) were truncated or
     masked.
 
     trainer_logp: log pi_old(y_t) over the sampler's support; sampler_logp: log q(y_t), the sampler's own value.
-      token-tis  w_t = min(rho_t, C)                 truncated importance sampling
-      token-mis  w_t = rho_t if rho_t <= C, else 0    masked importance sampling
-      seq-tis    w_t = min(rho_i, C), rho_i = prod_t rho_t over response i
-      seq-mis    w_t = rho_i if rho_i <= C, else 0
+      token-tis     w_t = min(rho_t, C)                 truncated importance sampling
+      token-mis     w_t = rho_t if rho_t <= C, else 0    masked importance sampling
+      seq-tis       w_t = min(rho_i, C), rho_i = prod_t rho_t over response i
+      seq-mis       w_t = rho_i if rho_i <= C, else 0
+      token-icepop  w_t = rho_t if alpha <= rho_t <= beta, else 0   (band = (alpha, beta); IcePop, arXiv 2510.18855)
+    IcePop as verl's rollout correction (a "lower_upper" threshold): both bounds inclusive, a masked token's weight 0
+    while it still counts in the loss's mean; with any loss, as the other modes. The paper masks the token's gradient
+    the same way (its M(k) is k inside [alpha, beta], 0 outside).
     """
     if mode not in MODES[1:]:
         raise ValueError(f"rollout correction mode must be one of {MODES[1:]}, got {mode!r}")
@@ -64,8 +69,10 @@ def importance_weights(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, m
             rho = log_rho_unit.exp().expand_as(log_rho)
         else:
             rho = log_rho.exp()
-            corrected = (rho > threshold)[valid]
-        weights = rho.clamp(max=threshold) if mode.endswith("tis") else torch.where(rho > threshold, 0.0, rho)
+        outside = (rho < band[0]) | (rho > band[1]) if mode == "token-icepop" else rho > threshold
+        if not mode.startswith("seq"):
+            corrected = outside[valid]
+        weights = rho.clamp(max=threshold) if mode.endswith("tis") else torch.where(outside, 0.0, rho)
         return torch.where(valid, weights, 0.0), log_rho[valid], corrected
 
 

@@ -40,6 +40,8 @@ class Args:
     dynamic_sampling: bool = True  # drop groups whose accuracy has zero variance (official: on)
     rollout_correction: str = L.option("none", L.Rule(choices=correction.MODES))  # sampler/trainer mismatch weights (correction.py)
     rollout_correction_threshold: float = L.option(2.0, L.Rule(1, low_open=True, says="a finite number > 1"))  # C: TIS truncates the weight at C, MIS drops what exceeds C
+    icepop_low: float = L.option(correction.ICEPOP_BAND[0], L.Rule(0, 1, low_open=True))  # alpha: --rollout-correction token-icepop zeroes the weight where pi_old / q < alpha (IcePop paper, verl: 0.5)
+    icepop_high: float = L.option(correction.ICEPOP_BAND[1], L.Rule(1))  # beta: token-icepop zeroes the weight where pi_old / q > beta (IcePop paper, verl: 5)
     # --- sampling
     gen_prompts: int = L.option(32, COUNT)  # prompts sampled per step
     n: int = L.option(8, L.Rule(2, integer=True, says=">= 2 (group-relative advantages need a group)"))  # responses per prompt

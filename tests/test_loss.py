@@ -207,12 +207,192 @@ def test_entropy_regions():
 def test_log_ratio_overflow_is_guarded():
     logp = torch.tensor([[0.0, -1.0]], requires_grad=True)
     old_logp = torch.tensor([[-200.0, -1.0]])
+    entropy = torch.tensor([[0.5, 1.0]])  # for ERC: H / H_old outside its band on one token
     for algo in L.ALGORITHMS:
-        loss, m = L.policy_loss(logp, old_logp, torch.tensor([[-1.0]]), torch.ones(1, 2), L.loss_config(algo))
+        loss, m = L.policy_loss(logp, old_logp, torch.tensor([[-1.0]]), torch.ones(1, 2), L.loss_config(algo),
+                                entropy=entropy, old_entropy=torch.ones(1, 2))
         loss.backward()
         assert torch.isfinite(loss) and torch.isfinite(logp.grad).all(), algo
         assert all(torch.isfinite(v) for v in m.values()), algo
         logp.grad = None
+
+
+
+# --- the 2026 comparison set: ERC, DPPO, GMPO, M2PO, IcePop ---------------------------------------------------
+
+def hand_built(ratios, advs, probs=None, pad=1):
+    """One response per token (so each token carries its own advantage), plus `pad` padding positions on every row
+    (ratio 50, never counted): [len(ratios), 1 + pad] tensors in float64, logp with grad."""
+    n = len(ratios)
+    old = torch.log(torch.tensor(probs if probs else [0.3] * n, dtype=torch.float64)).unsqueeze(-1)
+    logp = old + torch.log(torch.tensor(ratios, dtype=torch.float64)).unsqueeze(-1)
+    old, logp = torch.cat([old, old.expand(n, pad)], -1), torch.cat([logp, old.expand(n, pad) + math.log(50)], -1)
+    mask = torch.cat([torch.ones(n, 1), torch.zeros(n, pad)], -1).to(torch.float64)
+    return logp.requires_grad_(True), old, torch.tensor(advs, dtype=torch.float64).unsqueeze(-1), mask
+
+
+@pytest.mark.parametrize("algo, base", [("gppo_erc", "gppo"), ("grpo_erc", "dapo")])
+def test_erc_stops_the_gradient_where_the_entropy_ratio_leaves_its_band(algo, base):
+    """Each PPO region (below, inside and above the clip interval, past the dual-clip bound), with A > 0, A < 0 and
+    A = 0, at an entropy ratio H / H_old below (0.9), inside (1.0, 1.04) and above (1.1) the band (0.95, 1.05): the
+    loss's value is the base algorithm's everywhere, and its gradient too, except out of the band, where it is 0. The
+    token mean keeps every token (masked ones included) in its denominator."""
+    ratios = [0.5, 0.95, 1.1, 1.5, 12.0] * 3
+    advs = [1.0] * 5 + [-1.0] * 5 + [0.0] * 5
+    entropy_ratios = [0.9, 1.0, 1.04, 1.1, 1.0, 1.0, 0.9, 1.1, 1.04, 0.9, 1.1, 0.9, 1.0, 1.0, 1.04]
+    logp, old, adv, mask = hand_built(ratios, advs)
+    old_entropy = torch.full_like(logp, 0.7)
+    entropy = old_entropy * torch.tensor(entropy_ratios, dtype=torch.float64).unsqueeze(-1)
+    entropy[:, 1:] = 3.0  # padding: far out of the band, never counted
+    loss, m = L.policy_loss(logp, old, adv, mask, L.loss_config(algo), entropy=entropy, old_entropy=old_entropy)
+    loss.backward()
+    got = logp.grad.clone()
+    logp.grad = None
+    want, _ = L.policy_loss(logp, old, adv, mask, L.loss_config(base, eps_high=L.loss_config(algo).eps_high))
+    want.backward()
+    out = torch.tensor([r <= 0.95 or r >= 1.05 for r in entropy_ratios]).unsqueeze(-1) & mask[:, :1].bool()
+    assert loss.item() == pytest.approx(want.item(), rel=1e-12)
+    assert (got[:, :1][out] == 0).all()
+    torch.testing.assert_close(got[:, :1][~out], logp.grad[:, :1][~out], rtol=1e-12, atol=0)
+    assert (got[:, 0][~out[:, 0]] != 0).sum() >= 3  # inside the band, where the base algorithm has one: a gradient
+    assert m["erc_below_frac"].item() == pytest.approx(4 / 15) and m["erc_above_frac"].item() == pytest.approx(3 / 15)
+    with pytest.raises(ValueError, match="needs the current and the old policy's per-token entropy"):
+        L.policy_loss(logp, old, adv, mask, L.loss_config(algo), entropy=entropy)
+
+
+def test_dppo_masks_the_tokens_that_moved_too_far_in_the_advantages_direction():
+    """DPPO-Binary-TV (bounds 0.15) and -KL (0.05) on hand-built probabilities: a token is masked (value and gradient 0)
+    only when its probability moved past the bound in the direction A pushes it; elsewhere the gradient is d A, the
+    unclipped ratio's, also where PPO-clip would drop it (under TV, a low-probability token whose ratio is 10). The
+    default aggregation is verl's seq-mean-token-sum-norm: sum / (responses x norm_len)."""
+    #       (p_old, p, A): TV masked?  KL masked?
+    cases = [(0.5, 0.7, 1.0, True, True),    # rose 0.2 with A > 0: past both (KL 0.087)
+             (0.5, 0.55, 1.0, False, False),  # rose 0.05 (KL 0.005): inside
+             (0.5, 0.63, 1.0, False, False),  # rose 0.13 (KL 0.035): inside both
+             (0.6, 0.2, 1.0, False, False),   # fell with A > 0: the direction A does not push, never masked
+             (0.01, 0.1, 1.0, False, True),   # ratio 10, rose 0.09: inside TV's 0.15 (PPO-clip drops it), KL 0.071
+             (0.5, 0.3, -1.0, True, True),    # fell 0.2 with A < 0 (KL 0.087): past both
+             (0.5, 0.45, -1.0, False, False),  # fell 0.05: inside
+             (0.2, 0.8, -1.0, False, False),  # rose with A < 0: never masked
+             (0.5, 0.3, 0.0, True, True)]     # A = 0: masked like A < 0, and no gradient either way
+    probs, news, advs = [c[0] for c in cases], [c[1] for c in cases], [c[2] for c in cases]
+    logp, old, adv, mask = hand_built([n / p for p, n in zip(probs, news)], advs, probs)
+    for algo, column in (("dppo_tv", 3), ("dppo_kl", 4)):
+        logp.grad = None
+        masked = torch.tensor([c[column] for c in cases])
+        loss, m = L.policy_loss(logp, old, adv, mask, L.loss_config(algo, norm_len=4))
+        loss.backward()
+        d = torch.tensor(news, dtype=torch.float64) / torch.tensor(probs, dtype=torch.float64)
+        a = torch.tensor(advs, dtype=torch.float64)
+        denom = len(cases) * 4  # responses x norm_len
+        want_grad = torch.where(masked, 0.0, -a * d / denom)
+        torch.testing.assert_close(logp.grad[:, 0], want_grad.to(torch.float64), rtol=1e-12, atol=1e-15)
+        assert (logp.grad[:, 1:] == 0).all()
+        want = (torch.where(masked, 0.0, -a * d * logp[:, 0].detach())).sum() / denom
+        assert loss.item() == pytest.approx(want.item(), rel=1e-12)
+        assert m["dppo_masked_frac_pos"].item() == pytest.approx(sum(masked[:5].tolist()) / 9)
+        assert m["dppo_masked_frac_neg"].item() == pytest.approx(sum(masked[5:8].tolist()) / 9)
+    # clip_ratio_c truncates the detached weight: the ratio-10 token's gradient weight becomes 3
+    logp.grad = None
+    loss, m = L.policy_loss(logp, old, adv, mask, L.loss_config("dppo_tv", norm_len=4, clip_ratio_c=3.0))
+    loss.backward()
+    assert logp.grad[4, 0].item() == pytest.approx(-3.0 / (9 * 4), rel=1e-12)
+    assert logp.grad[3, 0].item() == pytest.approx(-(0.2 / 0.6) / (9 * 4), rel=1e-12)  # below the cap: d
+    assert m["dppo_truncated_frac"].item() == pytest.approx(2 / 9)  # ratio 10 and ratio 4 (A < 0, rose: kept)
+
+
+def test_gmpo_clips_each_token_in_log_space_on_its_advantages_side_and_averages_responses():
+    """GMPO, eps 0.4 in log space: a response's loss is -A exp(mean_t log d~); log d is capped at 0.4 for A > 0 (not
+    floored), floored at -0.4 for A < 0 (not capped). The gradient on a token is -A exp(mean log d~) / |y| / responses
+    where it is not clipped, 0 where it is; A = 0 gives 0; padding counts nowhere."""
+    rows = [([0.1, 0.6, -0.7], 1.5), ([-0.6, 0.5, 0.0], -1.0), ([0.9, -0.9, 0.2], 0.0), ([0.3, -0.2], 2.0)]
+    width = 4
+    logp = torch.full((len(rows), width), -1.0, dtype=torch.float64)
+    old = logp.clone()
+    mask = torch.zeros(len(rows), width, dtype=torch.float64)
+    for i, (log_ratios, _) in enumerate(rows):
+        logp[i, :len(log_ratios)] = -1.0 + torch.tensor(log_ratios, dtype=torch.float64)
+        mask[i, :len(log_ratios)] = 1
+    logp[:, -1] += 5.0  # padding with a large ratio
+    logp.requires_grad_(True)
+    adv = torch.tensor([[a] for _, a in rows], dtype=torch.float64)
+    loss, m = L.policy_loss(logp, old, adv, mask, L.loss_config("gmpo"))
+    loss.backward()
+    want_loss, want_grad = 0.0, torch.zeros(len(rows), width, dtype=torch.float64)
+    for i, (log_ratios, a) in enumerate(rows):
+        clipped = [min(x, 0.4) if a > 0 else max(x, -0.4) if a < 0 else 0.0 for x in log_ratios]
+        ratio = math.exp(sum(clipped) / len(clipped))
+        want_loss += -a * ratio / len(rows)
+        for t, (x, c) in enumerate(zip(log_ratios, clipped)):
+            want_grad[i, t] = 0.0 if x != c else -a * ratio / len(log_ratios) / len(rows)
+    assert loss.item() == pytest.approx(want_loss, rel=1e-12)
+    torch.testing.assert_close(logp.grad, want_grad, rtol=1e-12, atol=1e-15)
+    assert (logp.grad[0, 1] == 0) and (logp.grad[0, 2] != 0) and (logp.grad[1, 0] == 0) and (logp.grad[1, 1] != 0)
+    assert m["gmpo_clip_frac_high"].item() == pytest.approx(1 / 11)  # 0.6 with A > 0
+    assert m["gmpo_clip_frac_low"].item() == pytest.approx(1 / 11)  # -0.6 with A < 0
+
+
+def test_m2po_drops_the_largest_second_moments_until_the_rest_is_below_the_threshold():
+    """M2PO, threshold 0.04: (log d)^2 = 0.25, 0.16, 0.01, 0.0025, 0 sorts to suffix means 0.0845, 0.0431, 0.0042: the
+    two largest are dropped (value and gradient 0), whatever the sign of their advantage; the others get -d A, the
+    unclipped gradient, in a token mean over all five. A = 0 tokens take part in the mask, so M2PO keeps them."""
+    log_ratios, advs = [0.5, -0.4, 0.1, 0.05, 0.0], [1.0, -1.0, 1.0, -1.0, 0.0]
+    logp, old, adv, mask = hand_built([math.exp(x) for x in log_ratios], advs)
+    loss, m = L.policy_loss(logp, old, adv, mask, L.loss_config("m2po"))
+    loss.backward()
+    d, a = torch.tensor(log_ratios, dtype=torch.float64).exp(), torch.tensor(advs, dtype=torch.float64)
+    kept = torch.tensor([False, False, True, True, True])
+    torch.testing.assert_close(logp.grad[:, 0], torch.where(kept, -a * d / 5, 0.0), rtol=1e-12, atol=0)
+    assert loss.item() == pytest.approx((torch.where(kept, -a * d, 0.0).sum() / 5).item(), rel=1e-12)
+    assert m["m2po_masked_frac"].item() == pytest.approx(2 / 5)
+    assert m["m2po_second_moment"].item() == pytest.approx((0.25 + 0.16 + 0.01 + 0.0025) / 5)
+    assert not L.skips_zero_advantage(L.loss_config("m2po"))
+    # the mask itself: no token dropped at ratio 1 (the first mini-batch), all but the smallest when no count suffices
+    ones = torch.ones(2, 3, dtype=torch.float64)
+    assert L.second_moment_mask(torch.zeros(2, 3, dtype=torch.float64), ones, 0.04).all()
+    spread = torch.tensor([[1.0, -2.0, 3.0], [0.5, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.float64)
+    assert L.second_moment_mask(spread, mask, 0.1).tolist() == [[False, False, False], [True, False, False]]
+    assert L.second_moment_mask(spread, mask, 1e-3).tolist() == [[False, False, False], [True, False, False]]
+
+
+def test_icepop_zeroes_the_weight_outside_its_band_with_any_loss():
+    """--rollout-correction token-icepop: w = rho = pi_old / q inside [0.5, 5], 0 outside (the bounds included);
+    padding 0. The weight multiplies any loss's per-token loss; a masked token keeps its place in the token mean."""
+    from cegppo_utils import correction
+    rho = torch.tensor([[0.3, 0.6, 1.0, 4.0, 4.9, 7.0, 2.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0]], dtype=torch.float64)
+    trainer = torch.full_like(rho, -1.0)
+    sampler = trainer - rho.log()
+    weights, log_rho, outside = correction.importance_weights(trainer, sampler, mask, "token-icepop", 2.0)
+    torch.testing.assert_close(weights, torch.tensor([[0.0, 0.6, 1.0, 4.0, 4.9, 0.0, 0.0]], dtype=torch.float64))
+    assert outside.tolist() == [True, False, False, False, False, True]
+    assert correction.metrics(log_rho, outside)["rollout_corrected_frac"] == pytest.approx(2 / 6)
+    exact = (trainer - sampler).exp()[0]  # the band's edges on two tokens' own rho: both kept
+    edges, _, _ = correction.importance_weights(trainer, sampler, mask, "token-icepop", 2.0, (exact[1], exact[3]))
+    assert (edges[0] != 0).tolist() == [False, True, True, True, False, False, False]
+    adv = torch.tensor([[1.0]], dtype=torch.float64)
+    for algo in ("grpo", "m2po", "dppo_tv"):  # token losses: no gradient where the weight is 0
+        logp = torch.full_like(rho, -0.9).requires_grad_(True)
+        L.policy_loss(logp, trainer, adv, mask, L.loss_config(algo), weights=weights)[0].backward()
+        assert (logp.grad[0, [0, 5]] == 0).all() and (logp.grad[0, 1:5] != 0).all(), algo
+    # GMPO's one loss per response takes the weights' geometric mean (as verl's geo_mean): each zero scales the
+    # response by 1e-10^(1 / |y|), here two of six tokens: 1e-10^(1/3)
+    logp = torch.full_like(rho, -0.9)
+    plain = L.policy_loss(logp, trainer, adv, mask, L.loss_config("gmpo"))[0]
+    weighted = L.policy_loss(logp, trainer, adv, mask, L.loss_config("gmpo"), weights=weights)[0]
+    geometric = math.exp((2 * math.log(1e-10) + math.log(0.6 * 1.0 * 4.0 * 4.9)) / 6)
+    assert weighted.item() == pytest.approx(plain.item() * geometric, rel=1e-9)
+    assert abs(weighted.item()) < abs(plain.item()) / 1000
+
+
+def test_icepop_flags_and_their_rules():
+    from cegppo_utils import flags
+    args = flags.resolve("tiny", {"rollout_correction": "token-icepop"})
+    assert (args.icepop_low, args.icepop_high) == (0.5, 5.0)
+    assert dict(L.field_problems(L.replace(args, icepop_low=1.5, icepop_high=0.9))) == {
+        "icepop_low": "icepop_low must be in (0, 1], got 1.5",
+        "icepop_high": "icepop_high must be >= 1 and finite, got 0.9"}
 
 
 # --- bad input ------------------------------------------------------------------------------
@@ -387,14 +567,19 @@ def test_args_and_loss_fields_are_checked_by_one_mechanism():
 def every_region_batch():
     """One fixed batch on which every read field of every loss moves the value: per-response advantages of both signs,
     each sign on rows whose ratios sit mostly well below, around and well above the clip ranges (so GSPO's sequence
-    ratio too lands on both sides), tokens with A < 0 past the dual-clip bound (ratios up to ~16), unequal lengths."""
+    ratio too lands on both sides), tokens with A < 0 past the dual-clip bound (ratios up to ~16), unequal lengths;
+    entropy ratios H / H_old spread over 0.8-1.2, across ERC's band; and one A > 0 token whose probability rose
+    0.5 -> 0.63 (TV 0.13, binary KL 0.035: between DPPO's bounds and half of them)."""
     g = torch.Generator().manual_seed(7)
     old_logp = -torch.rand(8, 10, generator=g, dtype=torch.float64) * 4 - 0.05
     shift = torch.tensor([-1.5, -1.5, -0.5, -0.5, 0.5, 0.5, 1.5, 1.5], dtype=torch.float64).unsqueeze(-1)
     logp = (old_logp + shift + 1.5 * torch.randn(8, 10, generator=g, dtype=torch.float64)).clamp(max=-1e-3)
+    old_logp[7, 0], logp[7, 0] = math.log(0.5), math.log(0.63)
     adv = torch.tensor([-1.3, 0.8, -0.6, 1.1, -0.9, 0.5, -1.7, 1.4], dtype=torch.float64).unsqueeze(-1)
     mask = (torch.arange(10) < torch.tensor([10, 7, 9, 4, 10, 6, 8, 5]).unsqueeze(-1)).to(torch.float64)
-    return logp, old_logp, adv, mask
+    old_entropy = torch.rand(8, 10, generator=g, dtype=torch.float64) * 2 + 0.1
+    entropy = old_entropy * (0.8 + 0.4 * torch.rand(8, 10, generator=g, dtype=torch.float64))
+    return logp, old_logp, adv, mask, entropy, old_entropy
 
 
 def other_values(rule, value):
@@ -413,15 +598,19 @@ def other_values(rule, value):
 
 @pytest.mark.parametrize("algo", sorted(L.ALGORITHMS))
 def test_registry_reads_are_exactly_the_fields_that_move_the_loss(algo):
-    """Another valid value of a field in `reads` moves policy_loss; of one outside `reads` and COMMON_FIELDS, not."""
-    logp, old_logp, adv, mask = every_region_batch()
+    """Another valid value of a field in `reads` moves policy_loss (its value or its gradient: ERC's band moves only
+    the gradient); of one outside `reads` and COMMON_FIELDS, neither."""
+    logp, old_logp, adv, mask, entropy, old_entropy = every_region_batch()
     base = L.loss_config(algo)
 
     def value(cfg):
         # Clip-Cov draws at random: the same seed for every call, so a field it does not read leaves the draw (and the
         # value) bit-identical, and its bounds move the value through which candidates the draw sees
         torch.manual_seed(0)
-        return L.policy_loss(logp, old_logp, adv, mask, cfg)[0].item()
+        x = logp.clone().requires_grad_(True)
+        loss = L.policy_loss(x, old_logp, adv, mask, cfg, entropy=entropy, old_entropy=old_entropy)[0]
+        loss.backward()
+        return loss.item(), tuple(x.grad.flatten().tolist())
 
     want = value(base)
     reads = set(L.ALGORITHMS[algo].reads)
@@ -436,7 +625,8 @@ def test_registry_reads_are_exactly_the_fields_that_move_the_loss(algo):
             if invalid:
                 problems.append(f"{f.name} -> {other!r} is not a valid value to try: {invalid[0][1]}")
             elif f.name in reads and value(cfg) == want:
-                problems.append(f"{f.name} is in reads, but {before!r} -> {other!r} leaves the loss at {want!r}")
+                problems.append(f"{f.name} is in reads, but {before!r} -> {other!r} leaves the loss ({want[0]!r}) "
+                                "and its gradient as they were")
             elif f.name not in reads and value(cfg) != want:
                 problems.append(f"{f.name} is not in reads, but {before!r} -> {other!r} moves the loss")
     assert not problems, f"{algo}: " + "; ".join(problems)

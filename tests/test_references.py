@@ -248,3 +248,100 @@ def test_adaptive_entropy_controller():
         c = L.next_entropy_coef(cfg, c, entropy)
         coefs.append(round(c, 12))
     assert coefs == [0.1, 0.2, 0.25, 0.15, 0.05, 0.0, 0.1]
+
+
+# --- the 2026 comparison set: ERC, DPPO, GMPO, M2PO, IcePop ------------------------------------------------------
+# Each reference function was loaded out of its repository's file at the commit below (its imports stubbed) and run on
+# batch(); its fingerprints are hard-coded here. Beside these fixed cases, each was compared with ours on thousands of
+# random float64 batches (every region, both signs of A, padding): equal to float64 rounding once the references'
+# 1e-8 guards in denominators are set to 0 (they account for the tolerances below).
+ERC_COMMIT = "f1885c534f8d0dde9764ecbb6a9f259b0dd785cf"  # Kwai-Klear/ERC, verl/trainer/ppo/core_algos.py (*_erc)
+VERL_PROJECT_COMMIT = "1dda039b9c6311889a9c9a26040677e1254814f9"  # verl-project/verl: core_algos.py (dppo_tv, dppo_kl,
+# geo_mean), rollout_corr_helper.py (compute_rollout_correction_weights with a "lower_upper" threshold: IcePop)
+AREAL_COMMIT = "4aef98d8d818af55b43621aaadba047ae10f4e77"  # inclusionAI/AReaL: areal/trainer/ppo/actor.py
+# (_apply_m2po_masking), areal/utils/functional/functional.py (ppo_actor_loss_fn, here with no clip: eps_clip 1e9)
+
+
+def comparison_extras():
+    """batch()'s old-policy entropy (H / H_old in 0.93-1.09, across ERC's band) and the sampler's log-probs
+    (pi_old / q = exp(2 sin), 0.14-7.4: both sides of IcePop's [0.5, 5])."""
+    i = torch.arange(24, dtype=torch.float64).view(4, 6)
+    _, old, _, _, entropy = batch()
+    return (entropy * (1 + 0.08 * torch.cos(1.3 * i + 0.2))).float().double(), old - 2.0 * torch.sin(0.7 * i + 0.4)
+
+
+# name: (our config, the reference's fingerprint key, relative tolerance: the reference's 1e-8 guard)
+COMPARISON = {
+    # compute_policy_loss_{gppo,grpo}_erc with the authors' scripts' settings (masked_mean divides by tokens + 1e-8)
+    "gppo_erc": (L.loss_config("gppo_erc"), 1e-8),
+    "grpo_erc": (L.loss_config("grpo_erc"), 1e-8),
+    "gppo_erc_narrow": (L.loss_config("gppo_erc", erc_low=0.99, erc_high=1.01), 1e-8),
+    # compute_policy_loss_dppo_{tv,kl} with verl's example settings, and a truncation cap that binds (ratios to 1.82)
+    "dppo_tv": (L.loss_config("dppo_tv"), 0),
+    "dppo_kl": (L.loss_config("dppo_kl"), 0),
+    "dppo_tv_cap": (L.loss_config("dppo_tv", clip_ratio_c=1.5, loss_agg_mode="token-mean"), 0),
+    "dppo_tv_0.1": (L.loss_config("dppo_tv", dppo_mask_low=0.1, dppo_mask_high=0.1), 0),  # the defaults mask the same
+    "dppo_kl_0.03": (L.loss_config("dppo_kl", dppo_mask_low=0.03, dppo_mask_high=0.03), 0),  # tokens here; these not
+    # compute_policy_loss_geo_mean, clip 0.4 (divides by |y| + 1e-8)
+    "gmpo": (L.loss_config("gmpo"), 1e-8),
+}
+COMPARISON_NUMBERS = {}
+COMPARISON_NUMBERS.update({  # Kwai-Klear/ERC, verl-project/verl and AReaL at the commits above, on batch()
+    'gppo_erc': [0.6270271548318238, 0.6602249590697141, 5.038768901934583],
+    'grpo_erc': [0.6155985834086944, 0.5478440067422765, 4.874959378203064],
+    'gppo_erc_narrow': [0.6270271548318238, 0.08794174988143158, 0.38411649997047015],
+    'dppo_tv': [-0.8498384092321559, 0.8842588592554635, 7.748780637542592],
+    'dppo_kl': [-0.8498384092321559, 0.8842588592554635, 7.748780637542592],
+    'dppo_tv_cap': [-0.9319459391544216, 0.9536786389357945, 8.258057401144832],
+    'dppo_tv_0.1': [-0.8176265491698801, 0.868214223019378, 7.443932549056968],
+    'dppo_kl_0.03': [-0.7163290955583327, 0.8223947768632724, 7.077376979808124],
+    'gmpo': [0.3383310524280055, 0.6867933891647215, 5.394711147457004],
+    'gmpo_icepop': [1.982009654460262e-05, 1.921654884324303e-05, 0.00032970227743908437],
+    'm2po': [0.27746909783895846, 0.706394680635452, 5.792252486032199],
+    'm2po_kept': [0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0],
+    'icepop': [19.2641245528434, 239.71330515498286],
+})
+
+
+@pytest.mark.parametrize("name", sorted(COMPARISON))
+def test_equals_the_comparison_references(name):
+    """DPPO judges probabilities: its cases take batch()'s log-probs lowered by 0.6, so that every p is below 1."""
+    cfg, relative = COMPARISON[name]
+    logp, old, adv, mask, entropy = batch()
+    if name.startswith("dppo"):
+        logp, old = logp - 0.6, old - 0.6
+    logp.requires_grad_(True)
+    value, _ = L.policy_loss(logp, old, adv, mask, cfg, entropy=entropy, old_entropy=comparison_extras()[0])
+    value.backward()
+    assert fingerprint(value.item(), logp.grad) == pytest.approx(COMPARISON_NUMBERS[name], abs=1e-12, rel=relative)
+
+
+def test_m2po_equals_areal_up_to_its_denominator():
+    """AReaL's mask exactly; its loss divides by the tokens kept, ours (the paper's mean) by all of them."""
+    logp, old, adv, mask, _ = batch()
+    kept = L.second_moment_mask(logp - old, mask, 0.04)
+    assert kept.long().flatten().tolist() == COMPARISON_NUMBERS["m2po_kept"]
+    value, grad, _ = ours(L.loss_config("m2po"))
+    scale = mask.sum().item() / kept.sum().item()
+    assert 1 < scale < mask.sum().item()  # some tokens dropped, some kept
+    assert fingerprint(value * scale, grad * scale) == pytest.approx(COMPARISON_NUMBERS["m2po"], abs=1e-12, rel=1e-12)
+
+
+def test_icepop_equals_verl():
+    from cegppo_utils import correction
+    _, old, _, mask, _ = batch()
+    weights, _, outside = correction.importance_weights(old, comparison_extras()[1], mask, "token-icepop", 2.0)
+    assert 0 < outside.sum() < mask.sum()
+    assert fingerprint(0.0, weights)[1:] == pytest.approx(COMPARISON_NUMBERS["icepop"], abs=1e-12, rel=1e-12)
+
+
+def test_gmpo_with_icepop_equals_verl():
+    """IcePop's weights under GMPO: their geometric mean per response (verl's geo_mean), not a weight per token. verl
+    divides the mean of log(w + 1e-10) by |y| + 1e-8: a relative 23e-8 / |y| here."""
+    from cegppo_utils import correction
+    logp, old, adv, mask, _ = batch()
+    weights, _, _ = correction.importance_weights(old, comparison_extras()[1], mask, "token-icepop", 2.0)
+    logp.requires_grad_(True)
+    value, _ = L.policy_loss(logp, old, adv, mask, L.loss_config("gmpo"), weights=weights)
+    value.backward()
+    assert fingerprint(value.item(), logp.grad) == pytest.approx(COMPARISON_NUMBERS["gmpo_icepop"], abs=1e-14, rel=1e-7)

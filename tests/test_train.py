@@ -382,7 +382,7 @@ def test_every_loss_through_update_policy_matches_a_one_piece_computation(varian
     policy = train.make_policy(args, model, sgd, 0, cpu)
     policy.ref_model = fresh()[0].requires_grad_(False) if args.loss.kl_coef else None  # as load_policy
     torch.manual_seed(0)  # Clip-Cov's draw
-    train_update(policy, mini_batches, args.loss)
+    logged = train_update(policy, mini_batches, args.loss)
 
     reference, sgd = fresh()
     start, _ = fresh()
@@ -396,12 +396,13 @@ def test_every_loss_through_update_policy_matches_a_one_piece_computation(varian
             # the sampling weights' log-probs and entropy (ERC's H_old)
             old, old_entropy, _ = train.response_logprobs(train.make_policy(args, start, sgd, 0, cpu), mb)
             logp, entropy, _ = train.response_logprobs(train.make_policy(args, reference, sgd, 0, cpu), mb, grad=True)
-            loss, _ = train.L.policy_loss(logp, old, mb.advantages, mb.response_mask, args.loss, entropy=entropy,
-                                          old_entropy=old_entropy, correct=mb.correct, ref_logp=old,
-                                          totals=totals if per_call else train.L.Totals())
+            loss, metrics = train.L.policy_loss(logp, old, mb.advantages, mb.response_mask, args.loss, entropy=entropy,
+                                                old_entropy=old_entropy, correct=mb.correct, ref_logp=old,
+                                                totals=totals if per_call else train.L.Totals())
             loss.backward()
         sgd.step()
         sgd.zero_grad()
+    assert set(metrics) - {"num_tokens"} <= set(logged)  # the loss's own metrics (masked shares, ...) reach the row
     got, want, before = model.state_dict(), reference.state_dict(), start.state_dict()
     if algo != "gspo":  # GSPO's 3e-4 range clips every sequence after the first step: it may not move
         assert max((want[k] - before[k]).abs().max().item() for k in want) > 1e-4

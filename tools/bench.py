@@ -891,6 +891,7 @@ def main():
     parser.add_argument("--update-response-tokens", type=int, default=16384, help="update_memory: tokens per response")
     parser.add_argument("--update-sequences", type=int, default=16, help="update_throughput: sequences in the update")
     parser.add_argument("--update-budget", type=int, default=0, help="update_throughput: --micro-batch-tokens (0: the default)")
+    parser.add_argument("--update-repeats", type=int, default=3, help="update_throughput: alternating rounds measured")
     parser.add_argument("--update-attn", default="preset", help="update_throughput: attention, 'preset' (attention.py, "
                         "as train.py runs it) or a transformers attn_implementation (sdpa | eager | flash_attention_2)")
     parser.add_argument("--_trl-worker", default=None, help=argparse.SUPPRESS)  # internal: the TRL side of `step`
@@ -901,6 +902,8 @@ def main():
         parser.error("--step-steps must be >= 2 (the first step is warm-up) and --step-repeats >= 1")
     if args.step_prompts < 1 or args.step_micro_batch < 1 or (args.step_prompts * 8) % args.step_micro_batch:
         parser.error(f"--step-micro-batch ({args.step_micro_batch}) must divide --step-prompts x 8 = {args.step_prompts * 8}")
+    if args.update_repeats < 1:
+        parser.error(f"--update-repeats must be >= 1, got {args.update_repeats}")
     names = [n for n in args.only.split(",") if n]
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
@@ -921,7 +924,7 @@ def main():
             kwargs = dict(response_tokens=args.update_response_tokens)
         elif name == "update_throughput":
             kwargs = dict(device=args.device, sequences=args.update_sequences, budget=args.update_budget,
-                          attn=args.update_attn)
+                          attn=args.update_attn, repeats=args.update_repeats)
         results[name] = SECTIONS[name](**kwargs)
         print(f"\n## {name}")
         for key, value in results[name].items():

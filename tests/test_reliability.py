@@ -422,6 +422,10 @@ def test_a_literal_tilde_is_the_home_folder_wherever_a_path_is_read(tmp_path, mo
     code, err = run_train_in_process(["train.py", "--output-dir=~/run", "--model=~/no-model", "--eval-every", "0"],
                                      capsys)
     assert code == 2 and f"--model {home}/no-model: no such model folder" in err, err
+    import evaluate
+    args = evaluate.parse_args(["--model=~/m", "--output=~/r.json", "--data-dir=~/d", "--benchmarks", "~/train.jsonl"])
+    assert (args.model, args.output, args.data_dir, args.benchmarks) == (f"{home}/m", f"{home}/r.json", f"{home}/d",
+                                                                          [data])
     assert os.listdir(work) == [] and config
 
 

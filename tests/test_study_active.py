@@ -121,3 +121,18 @@ def test_claims_read_finished_runs_only():
     study = {"grpo": {"0": run(steps=200), "1": run(steps=120)}, "grid_lr2e-4_u8": {"100": run(steps=100)},
              "_warm_start": {"sha256": "be4a413e32125925"}}
     assert A.finished(study) == {"grpo": {"0": study["grpo"]["0"]}}
+
+
+def test_the_arms_table_counts_idle_steps_and_collapsed_runs():
+    def collapsed(t):
+        return None if t > 150 else 0.3  # accuracy at 0 from step 151: nothing trained, no entropy logged
+
+    evals = {0: 0.5, 100: 0.4, 125: 0.2, 150: 0.1, 175: 0.0, 200: 0.05}
+    study = {"grpo": {s: run(steps=200, entropy=lambda t: 0.1, evals={0: 0.5, 100: 0.8, 125: 0.8, 150: 0.8,
+                                                                        175: 0.8, 200: 0.8}) for s in "01"},
+             "ce_gppo_0.5_1": {"0": run(steps=200, entropy=collapsed, evals=evals)}}
+    row = {line.split(" | ")[0][2:]: line for line in A.arms_report(study).splitlines() if line.startswith("| ")}
+    assert A.mean_entropy(study["ce_gppo_0.5_1"]["0"]) == pytest.approx(0.3)  # over the 150 steps that logged it
+    assert "| 50.0 | 15.0 | 5.0 | 1 of 1 |" in row["ce_gppo_0.5_1"]
+    assert ("| 0.1000 [0.1000, 0.1000] | 1.00 / 0.50 | 0.0 | 80.0 [80.0, 80.0] | 80.0 [80.0, 80.0] | 0 of 2 |"
+            in row["grpo"])

@@ -262,9 +262,11 @@ def od_recovery(study, name) -> tuple[list[float], list[str]]:
             continue
         if base is None:
             continue
-        def d(first, last):
-            return window(run, "entropy", first, last) - window(base, "entropy", first, last)
-        values.append(d(switch + 1, switch + 10) - d(max(1, switch - 9), switch))
+        windows = [window(r, "entropy", first, last) for first, last in ((switch + 1, switch + 10),
+                                                                         (max(1, switch - 9), switch))
+                   for r in (run, base)]
+        if None not in windows:  # steps with no trained group log no entropy
+            values.append((windows[0] - windows[1]) - (windows[2] - windows[3]))
     return values, never
 
 
@@ -297,7 +299,7 @@ def claims(study: dict) -> dict:
                          paired_values(study, "grpo_dyn_id", "grpo", diff_window(101, 200)), "below")]
     did = study.get("grpo_dyn_did", {})
     own_fall = [window(r, "entropy", 41, 50) - window(r, "entropy", 1, 10) for r in did.values()
-                if window(r, "entropy", 41, 50) is not None]
+                if window(r, "entropy", 41, 50) is not None and window(r, "entropy", 1, 10) is not None]
     d = {w: paired_by_seed(study, "grpo_dyn_did", "grpo", diff_window(*w)) for w in ((1, 50), (51, 100), (151, 200))}
     seeds = [s for s in d[(1, 50)] if s in d[(51, 100)] and s in d[(151, 200)]]
     dynamic += [contrast("grpo_dyn_did falls first: its steps 41-50 - 1-10", own_fall, "below"),
@@ -343,6 +345,37 @@ def verdicts_report(study: dict) -> str:
     return "\n".join(lines).lstrip()
 
 
+def arms_report(study: dict) -> str:
+    """Per arm, over its finished seeds, what the verdicts rest on and what they do not judge: mean entropy, the
+    shares of tokens in the beta regions, the steps that trained nothing (every group's answers alike: a run whose
+    accuracy fell to 0 trains on nothing and logs no entropy), final avg@8 and the runs that ended below 10%."""
+    lines = ["| arm | seeds | mean entropy [95% CI] | beta1 / beta2 region (% tokens) | steps with no trained group "
+             "(per run) | avg@8 steps 100-200 | final avg@8 | runs ending below 10% |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def ci(values, scale=1.0, digits=4):
+        values = [v for v in values if v is not None]
+        if not values:
+            return "n/a"
+        mean, (lo, hi) = mean_ci(values)
+        return (f"{scale * mean:.{digits}f} [{scale * lo:.{digits}f}, {scale * hi:.{digits}f}]" if len(values) > 1
+                else f"{scale * mean:.{digits}f}")
+
+    for name in [a for a in ARMS if a in study]:
+        runs = list(study[name].values())
+        idle = [sum(r.get("entropy") is None for r in step_rows(run)) for run in runs]
+        finals = [evaluations(run).get(200) for run in runs]
+        lines.append(f"| {name} | {len(runs)} | {ci([mean_entropy(r) for r in runs])} | "
+                     f"{100 * sum(window(r, 'clip_frac_low_neg', 1, 200) or 0 for r in runs) / len(runs):.2f} / "
+                     f"{100 * sum(window(r, 'clip_frac_high_pos', 1, 200) or 0 for r in runs) / len(runs):.2f} | "
+                     f"{sum(idle) / len(idle):.1f} | {ci([accuracy_endpoint(r) for r in runs], 100, 1)} | "
+                     f"{ci(finals, 100, 1)} | {sum(f is not None and f < 0.10 for f in finals)} of {len(runs)} |")
+    lines += ["", para("Mean entropy: over the steps that logged it (train.py measures entropy on the tokens a step "
+                       "trains on; a step whose every group scored alike trains on nothing). Accuracy intervals are "
+                       "plain t-intervals. Shown, not judged: the verdicts are in verdicts.md.")]
+    return "\n".join(lines)
+
+
 # --- the figure -------------------------------------------------------------------------------------------------
 
 
@@ -364,8 +397,9 @@ def draw_entropy(study: dict, path: str, window_steps: int = 5) -> str | None:
             runs = [r for r in study[name].values() if r["steps_done"] >= 200]
             if not runs:
                 continue
-            curves = [dict(zip([r["step"] for r in step_rows(run)],
-                               plot.smooth([r["entropy"] for r in step_rows(run)], window_steps))) for run in runs]
+            logged = [[r for r in step_rows(run) if r.get("entropy") is not None] for run in runs]
+            curves = [dict(zip([r["step"] for r in rows], plot.smooth([r["entropy"] for r in rows], window_steps)))
+                      for rows in logged]
             x = sorted(set.intersection(*(set(k) for k in curves)))
             stats = [mean_ci([k[t] for k in curves]) for t in x]
             color = plt.get_cmap("tab10")(c % 10)
@@ -400,7 +434,7 @@ def report(json_path: str = JSON, figures: str = FIGURES) -> None:
     running = sorted(f"{name} seed {s} ({r['steps_done']} steps)" for name, runs in configurations(study).items()
                      if name not in REGIME_GRID for s, r in runs.items() if r["steps_done"] < 200)
     os.makedirs(figures, exist_ok=True)
-    texts = {"regime.md": regime_report(study), "sizing.md": sizing_report(size, chosen),
+    texts = {"regime.md": regime_report(study), "sizing.md": sizing_report(size, chosen), "arms.md": arms_report(arms),
              "verdicts.md": verdicts_report(arms) + (f"\n\nNot finished (left out above): {', '.join(running)}."
                                                       if running else "")}
     for file, text in texts.items():

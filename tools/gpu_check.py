@@ -214,7 +214,7 @@ def preset_path(folder, device="cuda", config=None, prompts=PRESET_PROMPTS, resp
     tokenizer = tiny.build_tokenizer(corpus, 400)
     model = bench.update_model(config, device)
     half = torch.bfloat16 if args.precision == "bf16" else torch.float32
-    model.save_pretrained(folder, state_dict={k: v.to(half) for k, v in model.state_dict().items()})
+    model.save_pretrained(folder, state_dict={k: v.to("cpu", half) for k, v in model.state_dict().items()})
     tokenizer.save_pretrained(folder)
 
     def used():  # device memory in use by anyone: torch's allocator, the engine's pool, the CUDA context

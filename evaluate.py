@@ -2,7 +2,7 @@
 
     python evaluate.py --model runs/r1-distill-1.5b/final --benchmarks aime24,aime25,hmmt25,math500,amc23 \\
         --output results.json --compare r1-distill-1.5b
-    python evaluate.py --model tiny --benchmarks arith --output results.json          # offline, CPU
+    python evaluate.py --model tiny --benchmarks arith                   # offline, CPU: runs/eval/tiny-arith.json
     python evaluate.py --model MODEL --benchmarks my_problems.jsonl --k 4              # any file (data.py layouts)
     python evaluate.py --model MODEL --data-dir benchmarks/ --benchmarks aime24 --k 4 --limit 5
 
@@ -64,6 +64,7 @@ PAPER = {
 }
 PAPER_K = dict(aime24=32, aime25=32, hmmt25=32, math500=4, amc23=32)
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")  # vLLM's --dtype values: checked before it starts
+DEFAULT_OUTPUT = os.path.join("runs", "eval", "{model}-{benchmarks}.json")  # --output when not given
 # --- metrics ------------------------------------------------------------------------------------
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -208,8 +209,9 @@ def parse_args(argv=None):
     parser.add_argument("--k", type=int, default=None,
                         help="samples per problem for every benchmark (default: the paper's for each, 8 for files)")
     parser.add_argument("--temperature", type=float, default=TEMPERATURE,
-                        help="sampling temperature (official validation: 0.6)")
-    parser.add_argument("--top-p", type=float, default=TOP_P, help="nucleus sampling (official validation: 0.95)")
+                        help="sampling temperature; the default is the official validation config's")
+    parser.add_argument("--top-p", type=float, default=TOP_P,
+                        help="nucleus sampling; the default is the official validation config's")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="response budget for every benchmark (default: 32k AIME, 16k others)")
     parser.add_argument("--data-dir", default=None,
@@ -218,8 +220,10 @@ def parse_args(argv=None):
                         help="only the first N problems of each benchmark (quick checks)")
     parser.add_argument("--skip-long", action="store_true",
                         help="leave out (and record) problems whose prompt + max tokens exceed the model's context")
-    parser.add_argument("--output", default="results.json",
-                        help="where to write the JSON results (an existing file needs --overwrite)")
+    parser.add_argument("--output", default=None,
+                        help="where to write the JSON results, an existing file only with --overwrite (default: "
+                             f"{DEFAULT_OUTPUT.format(model='MODEL', benchmarks='BENCHMARKS')}, the model and "
+                             "benchmarks as given, / and , written -)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     parser.add_argument("--responses", action="store_true", help="also store every response text in the JSON")
     parser.add_argument("--compare", default=None, choices=sorted(PAPER),
@@ -229,6 +233,10 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     args = parser.parse_args(argv)
     # a leading ~ is the home folder, also where no shell expanded it (--output=~/r.json)
+    args.output_is_default = args.output is None
+    if args.output is None:  # beside the runs, named after what was evaluated (never the repository's root)
+        names = {"model": args.model, "benchmarks": args.benchmarks}
+        args.output = DEFAULT_OUTPUT.format(**{k: re.sub(r"[^\w.-]+", "-", v.strip("/.~")) for k, v in names.items()})
     args.model, args.output = os.path.expanduser(args.model), os.path.expanduser(args.output)
     args.data_dir = args.data_dir and os.path.expanduser(args.data_dir)
     args.benchmarks = [os.path.expanduser(b.strip()) for b in args.benchmarks.split(",") if b.strip()]
@@ -257,7 +265,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    check_output(args.output)
+    check_output(args.output, default=args.output_is_default)
     problems = {b: data.load_benchmark(b, args.data_dir, args.limit) for b in args.benchmarks}  # bad data fails now
     print(f"evaluate.py: {', '.join(f'{b} ({len(p)} problems)' for b, p in problems.items())}; loading {args.model} "
           f"and the {args.sampler} sampler ...", flush=True)  # the libraries and the engine take ~30 s on a CPU
@@ -287,9 +295,15 @@ def main(argv=None):
     return results
 
 
-def check_output(output):
-    """--output names a file that can be written, found now, not after every benchmark has been sampled."""
+def check_output(output, default=False):
+    """--output names a file that can be written, found now, not after every benchmark has been sampled. The default
+    one's folder (runs/eval) is created."""
     out_dir = os.path.dirname(os.path.abspath(output))
+    if default and not os.path.lexists(out_dir):
+        try:
+            os.makedirs(out_dir)
+        except OSError as e:
+            raise UserError(f"--output {output}: cannot create {out_dir} ({e.strerror})") from None
     if os.path.isdir(output):
         raise UserError(f"--output {output} is a folder; name a file, e.g. {os.path.join(output, 'results.json')}")
     if os.path.lexists(output) and not os.path.isfile(output):

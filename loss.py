@@ -20,7 +20,7 @@ Read this file beside the papers:
   Options usable with every algorithm:
     top-entropy tokens  Wang et al., "Beyond the 80/20 Rule", arXiv 2506.01939 (train on the top-rho entropy tokens).
     adaptive entropy    He et al., "Skywork Open Reasoner 1", arXiv 2505.22312 (the entropy coefficient
-                        driven toward a target entropy; the controller is in section 9, its state in train.py).
+                        driven toward a target entropy; the controller is in section 8, its state in train.py).
     KL to a reference   Shao et al., arXiv 2402.03300 Eq. 4 (k3), estimators after Schulman, "Approximating KL
                         divergence" (2020).
 
@@ -64,11 +64,15 @@ Use:
   cfg = loss_config("ce_gppo", beta1=0.5)       # the algorithm's defaults, then your overrides
   loss, metrics = policy_loss(logp, old_logp, advantages, mask, cfg)
   loss.backward()
-To add a method: write its per-token loss function (section 3) and one ALGORITHMS entry; a new
-hyperparameter is one LossConfig field with its Rule (train.py turns it into a flag, checked by the rule).
+To add a method: write its per-token loss function (section 3) and one ALGORITHMS entry (section 4); a new
+hyperparameter is one LossConfig field with its Rule (section 9; train.py turns it into a flag, checked by the rule).
+
+Sections: 1. the objective, CE-GPPO's per-token loss; 2. policy_loss, the entry point; 3. the family's other
+per-token losses; 4. the registry; 5. group advantages; 6. dynamic clipping; 7. the positive-example LM term;
+8. options for every algorithm; 9. the settings (LossConfig) and the checks of their values.
 """
 
-from __future__ import annotations  # the objective comes first; the options it reads, below
+from __future__ import annotations  # the objective comes first; the settings it reads (LossConfig), in section 9
 
 import difflib
 import math
@@ -76,7 +80,11 @@ import struct
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable, NamedTuple
 
-import torch
+from cegppo_utils import lazy
+
+# torch itself, loaded when a function below first uses it: train.py's command line reads LossConfig and the registry
+# from this file, and answers a mistyped flag or --help before torch's import (cegppo_utils/lazy.py)
+torch = lazy.module("torch", globals())
 
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: large enough never to bind in practice, small enough not to overflow
 
@@ -86,6 +94,7 @@ LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: large enough never to bind in practice,
 # ---------------------------------------------------------------------------------------------
 # Each takes (t: Tokens, cfg: LossConfig) and returns (loss [B, T] to be minimised, the ratio the clip regions
 # are judged on [B, T] detached, its own metrics {name: [B, T] bool or float tensor}, reported as token means).
+# cfg holds every hyperparameter (beta1, beta2, eps_low, ...): LossConfig, section 9, one field (and flag) each.
 
 class Tokens(NamedTuple):
     """What a per-token loss sees: [B, T] tensors of one micro-batch."""
@@ -127,10 +136,29 @@ def _dual_clip(loss, adv, clip_ratio_c):
 # 2. The entry point: one call per micro-batch
 # ---------------------------------------------------------------------------------------------
 
+class Totals(NamedTuple):
+    """Counts over the whole mini-batch, when a call sees one micro-batch of it: the means stay exact."""
+    tokens: float | torch.Tensor | None = None  # response tokens
+    seqs: float | None = None  # responses
+    correct_tokens: float | torch.Tensor | None = None  # tokens of correct responses (positive-example LM term)
+
+
+class Extras(NamedTuple):
+    """The inputs of policy_loss that only some settings read, each None (or 0) where not given: [B, T] tensors of the
+    micro-batch, detached unless said."""
+    entropy: torch.Tensor | None = None  # the current policy's per-token entropy: the E1-E4 split of the metrics;
+    # with grad for entropy_coef (the bonus -entropy_coef * mean(entropy) joins the loss); the tokens that
+    # top_entropy_quantile < 1 trains on; ERC's H (needs_current_entropy says when it must be the current policy's)
+    old_entropy: torch.Tensor | None = None  # the old policy's per-token entropy: ERC's H_old
+    correct: torch.Tensor | None = None  # [B] bool, the response scored +1: positive_lm_coef's NLL(correct responses)
+    weights: torch.Tensor | None = None  # per-token weights on the policy term (an importance weight: correction.py)
+    ref_logp: torch.Tensor | None = None  # log pi_ref of the same tokens: kl_coef's + kl_coef * mean(KL estimate)
+    progress: float = 0.0  # training progress k / T in [0, 1]: dynamic_clip's schedule
+    od_state: int = 0  # the oscillatory-decay state (oscillatory_decay_state): dynamic_clip od
+
+
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                cfg: LossConfig | None = None, *, totals: Totals | None = None, entropy: torch.Tensor | None = None,
-                correct: torch.Tensor | None = None, weights: torch.Tensor | None = None, progress: float = 0.0,
-                od_state: int = 0, ref_logp: torch.Tensor | None = None, old_entropy: torch.Tensor | None = None):
+                cfg: LossConfig | None = None, totals: Totals | None = None, extras: Extras = Extras()):
     """The loss of cfg.algo (minimised) with its extra terms, and its diagnostics.
 
     logp       [B, T] log pi_theta of the sampled tokens (with grad), e.g. from logprobs.model_logprobs
@@ -139,20 +167,14 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     mask       [B, T] 1 on response tokens, 0 on padding
     cfg        the hyperparameters (loss_config(algo, ...) fills in the algorithm's defaults); None: LossConfig()
     totals     the mini-batch's counts when this call sees one micro-batch (exact means); None: this call's own
-    entropy    [B, T] per-token entropy: reports the four entropy-sensitive regions; with cfg.entropy_coef it
-               must carry gradient, and the bonus -entropy_coef * mean(entropy) joins the loss; with
-               cfg.top_entropy_quantile < 1 it picks the tokens the policy term trains on; the ERC algorithms
-               read it as the current policy's (needs_current_entropy)
-    correct    [B] bool, for cfg.positive_lm_coef: + coef * NLL(correct responses)
-    weights    [B, T] detached per-token weights on the policy term (an importance weight: correction.py)
-    progress, od_state: training progress k/T and the oscillatory-decay state, for cfg.dynamic_clip
-    ref_logp   [B, T] log pi_ref of the same tokens (no grad), for cfg.kl_coef: + kl_coef * mean(KL estimate)
-    old_entropy [B, T] the old policy's per-token entropy (no grad), for the ERC algorithms
+    extras     what the options and some algorithms read besides (Extras: entropies, correct, weights, ref_logp,
+               the dynamic clip's progress)
 
     Returns (loss, metrics); metrics are detached 0-d tensors, token means over this call's response tokens
     (pg_loss and the extra terms: their values as aggregated).
     """
     cfg, totals = cfg or LossConfig(), totals or Totals()
+    entropy, old_entropy, correct, weights, ref_logp, progress, od_state = extras
     problems = _checked(cfg)
     if problems:
         raise ValueError(problems[0][1])
@@ -175,13 +197,13 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) * mask
     if ALGORITHMS[cfg.algo].needs_entropy and (entropy is None or old_entropy is None):
         raise ValueError(f"{cfg.algo} needs the current and the old policy's per-token entropy "
-                         "(entropy=..., old_entropy=...)")
+                         "(Extras(entropy=..., old_entropy=...))")
     tokens = Tokens(logp, log_ratio, advantages.to(logp.dtype), mask, eps_low, eps_high, old_logp, entropy,
                     old_entropy, weights)
     token_loss, ratio, extra = ALGORITHMS[cfg.algo].token_loss(tokens, cfg)
     if cfg.top_entropy_quantile < 1.0:  # "Beyond the 80/20 rule": the policy term on high-entropy tokens only
         if entropy is None:
-            raise ValueError("top_entropy_quantile needs the per-token entropy (entropy=...)")
+            raise ValueError("top_entropy_quantile needs the per-token entropy (Extras(entropy=...))")
         forking = high_entropy_tokens(entropy.detach(), mask, cfg.top_entropy_quantile)
         token_loss, extra = token_loss * forking, {**extra, "entropy_kept_frac": forking}
     if weights is not None and not ALGORITHMS[cfg.algo].applies_weights:  # a detached weight per token on the policy
@@ -189,7 +211,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     pg_loss = aggregate(token_loss, mask, cfg.loss_agg_mode, totals, cfg.norm_len)
     loss, terms = _extra_terms(pg_loss, logp, mask, cfg, totals, entropy, correct, ref_logp)
     metrics = {k: v.detach() for k, v in terms.items()}
-    metrics.update(_metrics(logp, log_ratio, tokens.adv, mask, ratio, extra, eps_low, eps_high, entropy))
+    with torch.no_grad():
+        metrics.update(_metrics(logp, log_ratio, tokens.adv, mask, ratio, extra, entropy,
+                                (eps_low, eps_high) if ALGORITHMS[cfg.algo].regions else None))
     return loss, metrics
 
 
@@ -198,7 +222,7 @@ def _extra_terms(pg_loss, logp, mask, cfg, totals, entropy, correct, ref_logp):
     loss, terms = pg_loss, {"pg_loss": pg_loss}
     if cfg.entropy_coef:  # entropy regularisation (the paper's §4 baseline): maximise the mean entropy
         if entropy is None or not entropy.requires_grad:
-            raise ValueError("entropy_coef needs the per-token entropy with its gradient (entropy=...)")
+            raise ValueError("entropy_coef needs the per-token entropy with its gradient (Extras(entropy=...))")
         # verl aggregates the bonus like the policy term; Skywork-OR1's adaptive control (and TRL's) takes a plain
         # token mean whatever the loss type, the same mean its controller measures
         mode = "token-mean" if cfg.adaptive_entropy else cfg.loss_agg_mode
@@ -206,36 +230,16 @@ def _extra_terms(pg_loss, logp, mask, cfg, totals, entropy, correct, ref_logp):
         loss, terms["entropy_bonus"] = loss - cfg.entropy_coef * bonus, bonus
     if cfg.positive_lm_coef:
         if correct is None:
-            raise ValueError("positive_lm_coef needs correct= (which responses are correct)")
+            raise ValueError("positive_lm_coef needs which responses are correct (Extras(correct=...))")
         lm = positive_example_lm_loss(logp, mask, correct, num_tokens=totals.correct_tokens)
         loss, terms["positive_lm_loss"] = loss + cfg.positive_lm_coef * lm, lm
     if cfg.kl_coef:  # GRPO Eq. 3: - beta D_KL(pi_theta || pi_ref), aggregated like the policy term (verl's kl_loss)
         if ref_logp is None or ref_logp.shape != logp.shape:
-            raise ValueError("kl_coef needs the reference model's log-probs of the same tokens (ref_logp=...)")
+            raise ValueError("kl_coef needs the reference model's log-probs of the same tokens (Extras(ref_logp=...))")
         per_token = kl_estimate(logp, ref_logp, cfg.kl_estimator, mask)
         kl = aggregate(per_token, mask, cfg.loss_agg_mode, totals, cfg.norm_len)
         loss, terms["kl_loss"] = loss + cfg.kl_coef * kl, kl
     return loss, terms
-
-
-_valid_configs = set()
-
-
-def _checked(cfg):
-    """config_problems(cfg), remembered for valid configs (policy_loss runs once per micro-batch)."""
-    if cfg in _valid_configs:
-        return []
-    problems = config_problems(cfg)
-    if not problems:
-        _valid_configs.add(cfg)
-    return problems
-
-
-class Totals(NamedTuple):
-    """Counts over the whole mini-batch, when a call sees one micro-batch of it: the means stay exact."""
-    tokens: float | torch.Tensor | None = None  # response tokens
-    seqs: float | None = None  # responses
-    correct_tokens: float | torch.Tensor | None = None  # tokens of correct responses (positive-example LM term)
 
 
 def aggregate(token_loss, mask, mode="token-mean", totals: Totals = Totals(), norm_len=0):
@@ -263,31 +267,31 @@ def aggregate(token_loss, mask, mode="token-mean", totals: Totals = Totals(), no
     raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {mode!r}")
 
 
-@torch.no_grad()
-def _metrics(logp, log_ratio, adv, mask, ratio, extra, eps_low, eps_high, entropy):
+def _metrics(logp, log_ratio, adv, mask, ratio, extra, entropy, clip_range):
+    """The diagnostics (called under no_grad): the token ratio's mean and KL estimate, the loss's own metrics, the
+    E1-E4 split where the entropy was given, and with clip_range = (eps_low, eps_high) the four clip regions, for an
+    algorithm that judges tokens against that interval (Algorithm.regions)."""
     # log_ratio is 0 on padding, so the ratio is 1 there: no mask is needed below but in the E1-E4 split. Each [B, T]
     # temporary costs an allocation and a pass; this is what keeps the diagnostics cheap next to the loss itself.
     tokens = mask.sum()
     n = tokens.clamp(min=1)
-    rows_below = torch.count_nonzero(ratio < 1 - eps_low, dim=-1)
-    rows_above = torch.count_nonzero(ratio > 1 + eps_high, dim=-1)
-    if adv.shape[-1] == 1:  # one advantage per response: the counts per row, by the row's sign
-        neg, pos = adv[:, 0] < 0, adv[:, 0] > 0
-        low_neg, high_pos = rows_below[neg].sum(), rows_above[pos].sum()
-        low_pos, high_neg = rows_below[pos].sum(), rows_above[neg].sum()
-    else:
-        below, above = ratio < 1 - eps_low, ratio > 1 + eps_high
-        low_neg, high_pos = torch.count_nonzero(below & (adv < 0)), torch.count_nonzero(above & (adv > 0))
-        low_pos, high_neg = torch.count_nonzero(below & (adv > 0)), torch.count_nonzero(above & (adv < 0))
-    m = {
-        "clip_frac_low_neg": low_neg / n,  # the beta1 region: below, A < 0
-        "clip_frac_high_pos": high_pos / n,  # the beta2 region: above, A > 0
-        "clip_frac_low_pos": low_pos / n,
-        "clip_frac_high_neg": high_neg / n,
-        "approx_kl": (ratio - log_ratio - 1).sum() / n,  # k3 estimate of KL(pi_old || pi_theta); 0 on padding
-        "ratio_mean": (ratio.sum() - (ratio.numel() - tokens)) / n,  # padding adds 1 per position to the sum
-        "num_tokens": n,
-    }
+    m = {"approx_kl": (ratio - log_ratio - 1).sum() / n,  # k3 estimate of KL(pi_old || pi_theta); 0 on padding
+         "ratio_mean": (ratio.sum() - (ratio.numel() - tokens)) / n,  # padding adds 1 per position to the sum
+         "num_tokens": n}
+    if clip_range is not None:
+        eps_low, eps_high = clip_range
+        rows_below = torch.count_nonzero(ratio < 1 - eps_low, dim=-1)
+        rows_above = torch.count_nonzero(ratio > 1 + eps_high, dim=-1)
+        if adv.shape[-1] == 1:  # one advantage per response: the counts per row, by the row's sign
+            neg, pos = adv[:, 0] < 0, adv[:, 0] > 0
+            low_neg, high_pos = rows_below[neg].sum(), rows_above[pos].sum()
+            low_pos, high_neg = rows_below[pos].sum(), rows_above[neg].sum()
+        else:
+            below, above = ratio < 1 - eps_low, ratio > 1 + eps_high
+            low_neg, high_pos = torch.count_nonzero(below & (adv < 0)), torch.count_nonzero(above & (adv > 0))
+            low_pos, high_neg = torch.count_nonzero(below & (adv > 0)), torch.count_nonzero(above & (adv < 0))
+        m.update(clip_frac_low_neg=low_neg / n, clip_frac_high_pos=high_pos / n,  # CE-GPPO's beta1 and beta2 regions
+                 clip_frac_low_pos=low_pos / n, clip_frac_high_neg=high_neg / n)
     for name, value in extra.items():  # the loss's own metrics, as token means
         m[name] = (torch.count_nonzero(value) if value.dtype == torch.bool else (value * mask).sum()) / n
     if entropy is not None:  # the four entropy-sensitive regions of arXiv 2602.09782
@@ -331,7 +335,11 @@ def cispo_token_loss(t: Tokens, cfg: LossConfig):
     """
     ratio = torch.exp(t.log_ratio.detach())
     weight = torch.clamp(ratio, 1 - t.eps_low, 1 + t.eps_high)
-    return -weight * t.adv * t.logp, ratio, {}
+    valid = t.mask > 0
+    extra = {"cispo_capped_frac": (ratio > 1 + t.eps_high) & valid}
+    if t.eps_low < 1:  # a lower bound in effect (MiniMax-M1 sets none)
+        extra["cispo_raised_frac"] = (ratio < 1 - t.eps_low) & valid
+    return -weight * t.adv * t.logp, ratio, extra
 
 
 def gspo_token_loss(t: Tokens, cfg: LossConfig):
@@ -347,7 +355,10 @@ def gspo_token_loss(t: Tokens, cfg: LossConfig):
     s_tok = s * torch.exp(t.logp - t.logp.detach())
     clipped = s_tok.clamp(1 - t.eps_low, 1 + t.eps_high)
     loss = torch.maximum(-t.adv * s_tok, -t.adv * clipped)
-    return loss, torch.where(t.mask > 0, s, 1.0), {}  # the ratio the regions are judged on: 1 on padding
+    valid = t.mask > 0  # the clip acts on whole sequences: its shares, counted over their tokens
+    extra = {"gspo_clip_frac_low": (s < 1 - t.eps_low) & (t.adv < 0) & valid,
+             "gspo_clip_frac_high": (s > 1 + t.eps_high) & (t.adv > 0) & valid}
+    return loss, torch.exp(t.log_ratio.detach()), extra  # the token ratio: its mean and KL estimate
 
 
 def sapo_token_loss(t: Tokens, cfg: LossConfig):
@@ -549,6 +560,38 @@ def m2po_token_loss(t: Tokens, cfg: LossConfig):
 # 4. The registry: each algorithm's loss and its own defaults
 # ---------------------------------------------------------------------------------------------
 
+class Diagnostic(NamedTuple):
+    """A metric that means something for an algorithm: curves.png draws it (cegppo_utils/plot.py), and train.py's
+    progress bar shows it where it has a short name."""
+    metric: str  # a key of policy_loss's metrics: a share of the response tokens unless the label says otherwise
+    label: str  # its panel's title: what it counts, and what the loss does there
+    short: str = ""  # its name on the progress bar ("": not shown there)
+
+
+# The four clip regions policy_loss counts (clip_frac_*: where d sits against [1 - eps_low, 1 + eps_high], by the sign
+# of A), labelled by what each kind of clip does to the gradient there. A loss that does not judge tokens against that
+# interval has none: they are not counted for it, and no figure shows them.
+_AS_INSIDE = (Diagnostic("clip_frac_low_pos", "d < 1 - eps_low, A > 0 (gradient d A, as inside)"),
+              Diagnostic("clip_frac_high_neg", "d > 1 + eps_high, A < 0 (gradient d A, as inside)"))
+BETA_REGIONS = (  # CE-GPPO: the gradient outside the interval kept, scaled by beta
+    Diagnostic("clip_frac_low_neg", "beta1 region: d < 1 - eps_low, A < 0 (gradient beta1 (1 - eps_low) A)", "clip_b1"),
+    Diagnostic("clip_frac_high_pos", "beta2 region: d > 1 + eps_high, A > 0 (gradient beta2 (1 + eps_high) A)",
+               "clip_b2"), *_AS_INSIDE)
+KEPT_REGIONS = (  # GPPO: kept as they are at the boundary (beta = 1)
+    Diagnostic("clip_frac_low_neg", "d < 1 - eps_low, A < 0 (gradient (1 - eps_low) A, kept)", "clip_lo"),
+    Diagnostic("clip_frac_high_pos", "d > 1 + eps_high, A > 0 (gradient (1 + eps_high) A, kept)", "clip_hi"),
+    *_AS_INSIDE)
+CLIPPED_REGIONS = (  # PPO-clip: no gradient
+    Diagnostic("clip_frac_low_neg", "clipped: d < 1 - eps_low, A < 0 (no gradient)", "clip_lo"),
+    Diagnostic("clip_frac_high_pos", "clipped: d > 1 + eps_high, A > 0 (no gradient)", "clip_hi"), *_AS_INSIDE)
+DUAL_CLIP = (Diagnostic("dual_clip_frac", "dual clip: A < 0, d > clip_ratio_c (no gradient)"),)
+ERC_BAND = (Diagnostic("erc_below_frac", "ERC: H / H_old <= erc_low (no gradient)", "erc_lo"),
+            Diagnostic("erc_above_frac", "ERC: H / H_old >= erc_high (no gradient)", "erc_hi"))
+DPPO_MASKS = (Diagnostic("dppo_masked_frac_pos", "masked: A > 0, p rose past dppo_mask_high (no gradient)", "mask_pos"),
+              Diagnostic("dppo_masked_frac_neg", "masked: A < 0, p fell past dppo_mask_low (no gradient)", "mask_neg"),
+              Diagnostic("dppo_truncated_frac", "ratio weight truncated at clip_ratio_c"))
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """How one algorithm plugs into policy_loss(), and its row of README's table (algorithm_table())."""
@@ -562,6 +605,8 @@ class Algorithm:
     proportional_to_advantage: bool = False
     needs_entropy: bool = False  # its token loss reads the current and the old per-token entropy (ERC)
     applies_weights: bool = False  # its token loss applies policy_loss's per-token weights itself (GMPO, per response)
+    regions: tuple = ()  # the four clip regions, labelled for this loss; () = not counted (it does not clip tokens)
+    diagnostics: tuple = ()  # its token loss's own metrics, labelled (Diagnostic); () = none
 
 
 _CLIP = ("eps_low", "eps_high", "loss_agg_mode")
@@ -572,36 +617,46 @@ ALGORITHMS = {
         ce_gppo_token_loss,
         dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="token-mean", beta1=0.5, beta2=1.0),
         reads=_CLIP + ("beta1", "beta2", "clip_ratio_c"),
-        paper="arXiv 2509.20712 Eq. 8", objective="the table above, then dual clip", proportional_to_advantage=True),
+        paper="arXiv 2509.20712 Eq. 8", objective="the table above, then dual clip", proportional_to_advantage=True,
+        regions=BETA_REGIONS, diagnostics=DUAL_CLIP),
     "gppo": Algorithm(
         gppo_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="token-mean"),
         reads=_CLIP + ("clip_ratio_c",),
-        paper="arXiv 2508.07629", objective="`ce_gppo` with `beta1 = beta2 = 1`", proportional_to_advantage=True),
+        paper="arXiv 2508.07629", objective="`ce_gppo` with `beta1 = beta2 = 1`", proportional_to_advantage=True,
+        regions=KEPT_REGIONS, diagnostics=DUAL_CLIP),
     # GRPO Eq. 3 averages per response
     "grpo": Algorithm(
         ppo_clip_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="seq-mean-token-mean"),
         reads=_CLIP + ("clip_ratio_c",),
         paper="arXiv 2402.03300 Eq. 3", objective="PPO-clip `max(-d A, -clip(d) A)`, then dual clip",
-        proportional_to_advantage=True),
+        proportional_to_advantage=True, regions=CLIPPED_REGIONS, diagnostics=DUAL_CLIP),
     # DAPO: clip-higher + token-mean
     "dapo": Algorithm(
         ppo_clip_token_loss, dict(eps_low=0.2, eps_high=0.28, clip_ratio_c=10.0, loss_agg_mode="token-mean"),
         reads=_CLIP + ("clip_ratio_c",),
         paper="arXiv 2503.14476", objective="PPO-clip with clip-higher, then dual clip",
-        proportional_to_advantage=True),
+        proportional_to_advantage=True, regions=CLIPPED_REGIONS, diagnostics=DUAL_CLIP),
     # CISPO: no lower bound; 0.28 is a common upper choice (MiniMax did not publish theirs; unverified for the paper)
     "cispo": Algorithm(
         cispo_token_loss, dict(eps_low=1.0, eps_high=0.28, clip_ratio_c=0.0, loss_agg_mode="token-mean"),
         reads=_CLIP,
         paper="arXiv 2506.13585", objective="`-sg(clip(d, 1 - eps_low, 1 + eps_high)) A log pi`",
-        dynamic_clip=False, proportional_to_advantage=True),
+        dynamic_clip=False, proportional_to_advantage=True,
+        diagnostics=(Diagnostic("cispo_capped_frac", "IS weight capped: d > 1 + eps_high (weight 1 + eps_high)",
+                                "capped"),
+                     Diagnostic("cispo_raised_frac", "IS weight raised: d < 1 - eps_low (weight 1 - eps_low; none at "
+                                "eps_low 1)"))),
     # GSPO paper (v2) §5.1 ranges, sequence-level
     "gspo": Algorithm(
         gspo_token_loss, dict(eps_low=3e-4, eps_high=4e-4, clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-mean"),
         reads=_CLIP,
         paper="arXiv 2507.18071",
         objective="GSPO-token: sequence ratio `s = exp(mean_t log d)`, clipped per sequence",
-        dynamic_clip=False, proportional_to_advantage=True),
+        dynamic_clip=False, proportional_to_advantage=True,
+        diagnostics=(Diagnostic("gspo_clip_frac_low", "sequence clipped: s < 1 - eps_low, A < 0 (no gradient)",
+                                "clip_lo"),
+                     Diagnostic("gspo_clip_frac_high", "sequence clipped: s > 1 + eps_high, A > 0 (no gradient)",
+                                "clip_hi"))),
     # SAPO: verl and TRL aggregate per response (seq-mean-token-mean) and apply no clip and no dual clip
     "sapo": Algorithm(
         sapo_token_loss, dict(clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-mean", tau_pos=1.0, tau_neg=1.05),
@@ -617,14 +672,17 @@ ALGORITHMS = {
         reads=_CLIP + ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"),
         paper="arXiv 2505.22617 (Clip-Cov)",
         objective="PPO-clip; no gradient for `clip_cov_ratio` of the tokens with `Cov` in `(lb, ub)`, drawn at random",
-        dynamic_clip=False),
+        dynamic_clip=False, regions=CLIPPED_REGIONS,
+        diagnostics=(Diagnostic("cov_stopped_frac", "Clip-Cov: gradient stopped (drawn among Cov in (lb, ub))",
+                                "cov_stop"),)),
     # KL-Cov: the paper's 7B run (k = 2e-3, coefficient 1); verl's yaml defaults are 2e-4 and 0.1
     "kl_cov": Algorithm(
         kl_cov_token_loss, dict(clip_ratio_c=0.0, loss_agg_mode="token-mean", kl_cov_ratio=2e-3, kl_cov_coef=1.0),
         reads=("loss_agg_mode", "kl_cov_ratio", "kl_cov_coef"),
         paper="arXiv 2505.22617 (KL-Cov)",
         objective="`-d A`, plus `kl_cov_coef * abs(log d)` on the `kl_cov_ratio` of tokens with the largest `Cov`",
-        dynamic_clip=False),
+        dynamic_clip=False,
+        diagnostics=(Diagnostic("cov_kl_frac", "KL-Cov: kl_cov_coef |log d| added (the largest Cov)", "cov_kl"),)),
     # ERC: the authors' scripts (Kwai-Klear/ERC recipe/dapo/*_erc_1_05.sh): band (0.95, 1.05), dual clip 10,
     # token-mean; gppo_erc with eps 0.2 / 0.2, grpo_erc with DAPO's 0.2 / 0.28. ERC exists only on these two.
     "gppo_erc": Algorithm(
@@ -633,30 +691,32 @@ ALGORITHMS = {
         reads=_CLIP + ("clip_ratio_c", "erc_low", "erc_high"),
         paper="arXiv 2512.05591 (ERC)",
         objective="`gppo`; no gradient where `H / H_old` is outside `(erc_low, erc_high)`",
-        dynamic_clip=False, proportional_to_advantage=True, needs_entropy=True),
+        dynamic_clip=False, proportional_to_advantage=True, needs_entropy=True, regions=KEPT_REGIONS,
+        diagnostics=ERC_BAND + DUAL_CLIP),
     "grpo_erc": Algorithm(
         grpo_erc_token_loss,
         dict(eps_low=0.2, eps_high=0.28, clip_ratio_c=10.0, loss_agg_mode="token-mean", erc_low=0.95, erc_high=1.05),
         reads=_CLIP + ("clip_ratio_c", "erc_low", "erc_high"),
         paper="arXiv 2512.05591 (ERC)",
         objective="PPO-clip, dual clip; no gradient where `H / H_old` is outside `(erc_low, erc_high)`",
-        dynamic_clip=False, proportional_to_advantage=True, needs_entropy=True),
+        dynamic_clip=False, proportional_to_advantage=True, needs_entropy=True, regions=CLIPPED_REGIONS,
+        diagnostics=ERC_BAND + DUAL_CLIP),
     # DPPO: verl's example script (examples/dppo_trainer): TV bound 0.15, KL bound 0.05, seq-mean-token-sum-norm, and
-    # a truncation cap of 10000 that never binds (the paper, §5.4: a large one); none here (clip_ratio_c 0), as prime-rl
+    # a truncation cap of 10000 that never binds (paper §5.4: a large one); none here (clip_ratio_c 0), as prime-rl
     "dppo_tv": Algorithm(
         dppo_tv_token_loss,
         dict(clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-sum-norm", dppo_mask_low=0.15, dppo_mask_high=0.15),
         reads=("loss_agg_mode", "clip_ratio_c", "dppo_mask_low", "dppo_mask_high"),
         paper="arXiv 2602.04879 (DPPO-Binary-TV)",
         objective="`-sg(d) A log pi`, masked where `p - p_old > dppo_mask_high` (A > 0) or `< -dppo_mask_low` (A <= 0)",
-        dynamic_clip=False, proportional_to_advantage=True),
+        dynamic_clip=False, proportional_to_advantage=True, diagnostics=DPPO_MASKS),
     "dppo_kl": Algorithm(
         dppo_kl_token_loss,
         dict(clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-sum-norm", dppo_mask_low=0.05, dppo_mask_high=0.05),
         reads=("loss_agg_mode", "clip_ratio_c", "dppo_mask_low", "dppo_mask_high"),
         paper="arXiv 2602.04879 (DPPO-Binary-KL)",
         objective="`dppo_tv` with the binary KL `KL(p_old, p)` as the divergence, in the direction `A` pushes",
-        dynamic_clip=False, proportional_to_advantage=True),
+        dynamic_clip=False, proportional_to_advantage=True, diagnostics=DPPO_MASKS),
     # GMPO: the authors' example in verl (examples/gmpo_trainer): clip 0.4 in log space, (e^-0.4, e^0.4); one loss per
     # response
     "gmpo": Algorithm(
@@ -664,14 +724,20 @@ ALGORITHMS = {
         reads=_CLIP,
         paper="arXiv 2507.20673",
         objective="`-A exp(mean_t log d~)`, `log d` clipped to `eps_high` (A > 0) or `-eps_low` (A < 0)",
-        dynamic_clip=False, proportional_to_advantage=True, applies_weights=True),
+        dynamic_clip=False, proportional_to_advantage=True, applies_weights=True,
+        diagnostics=(Diagnostic("gmpo_clip_frac_high", "clipped in log space: log d > eps_high, A > 0 (no gradient)",
+                                "clip_hi"),
+                     Diagnostic("gmpo_clip_frac_low", "clipped in log space: log d < -eps_low, A < 0 (no gradient)",
+                                "clip_lo"))),
     # M2PO: AReaL's example and the authors' scripts: threshold 0.04; token-mean, no clip; the mask sees the whole call
     "m2po": Algorithm(
         m2po_token_loss, dict(clip_ratio_c=0.0, loss_agg_mode="token-mean", m2_threshold=0.04),
         reads=("loss_agg_mode", "m2_threshold"),
         paper="arXiv 2510.01161",
         objective="`-d A`, masked on the tokens with the largest `(log d)^2` until their mean is below `m2_threshold`",
-        dynamic_clip=False),
+        dynamic_clip=False,
+        diagnostics=(Diagnostic("m2po_masked_frac", "masked: the largest (log d)^2 (no gradient)", "masked"),
+                     Diagnostic("m2po_second_moment", "mean (log d)^2 over every token, before the mask", "m2"))),
 }
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -698,6 +764,12 @@ def ignored_fields(cfg: LossConfig) -> list[str]:
     """LossConfig fields `cfg.algo` does not read (so setting them changes nothing)."""
     reads = set(ALGORITHMS[cfg.algo].reads) | set(COMMON_FIELDS) | {"algo"}
     return [f.name for f in fields(LossConfig) if f.name not in reads]
+
+
+def diagnostics(algo: str) -> tuple:
+    """What means something for `algo` (Diagnostic): its clip regions, where it judges tokens against the clip
+    interval, then its token loss's own metrics. curves.png draws these beside the panels every run has."""
+    return ALGORITHMS[algo].regions + ALGORITHMS[algo].diagnostics
 
 
 def needs_current_entropy(cfg: LossConfig) -> bool:
@@ -739,174 +811,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, *, scale_by_std: bo
 
 
 # ---------------------------------------------------------------------------------------------
-# 6. The options: one object per call, every field checked by its rule
-# ---------------------------------------------------------------------------------------------
-
-class Rule(NamedTuple):
-    """What values a field takes: declared beside the field (LossConfig's below, train.py's Args in
-    cegppo_utils/flags.py) and checked by field_problems() for every field alike, so a new setting brings its own
-    check and its own error line."""
-    low: float | None = None  # lower bound
-    high: float | None = None  # upper bound
-    low_open: bool = False  # the lower bound excluded: > low instead of >= low
-    high_open: bool = False  # the upper bound excluded: < high instead of <= high
-    integer: bool = False  # whole numbers only, and below 2**31 (what torch and the samplers take) unless high says
-    choices: tuple | dict | None = None  # the allowed values (of a dict: its keys)
-    also: tuple = ()  # values allowed outside the range (temperature 0: greedy)
-    says: str = ""  # the range in words, where the bounds alone would not say why
-    cap: float | None = None  # a sanity limit above an open-ended range, said with its reason:
-    cap_says: str = ""  # "at most {cap} ({cap_says})"
-
-    def options(self) -> list:
-        """The allowed values of a choice field, from its registry (empty for a numeric field)."""
-        return sorted(self.choices, key=str) if self.choices is not None else []
-
-    def text(self) -> str:
-        if self.says or self.choices is not None:
-            return self.says or f"one of {self.options()}"
-        low = f"{'>' if self.low_open else '>='} {self.low:g}" if self.low is not None else ""
-        if self.high is None:
-            return f"an integer {low}" if self.integer else f"{low} and finite"
-        if not low:
-            return f"{'<' if self.high_open else '<='} {self.high:g}"
-        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
-
-    def problem(self, name: str, value) -> str | None:
-        """"{name} must be ..., got {value}" where value breaks the rule, else None."""
-        if self.choices is not None:
-            return None if value in self.options() else f"{name} must be {self.text()}, got {value!r}" + \
-                did_you_mean(value, self.options())
-        number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-        if number and value in self.also:
-            return None
-        if (not number or (self.integer and not isinstance(value, int))
-                or (self.low is not None and (value < self.low or (self.low_open and value == self.low)))
-                or (self.high is not None and (value > self.high or (self.high_open and value == self.high)))):
-            return f"{name} must be {self.text()}, got {value!r}"
-        if self.cap is not None and value > self.cap:
-            return f"{name} must be at most {self.cap:g} ({self.cap_says}), got {value!r}"
-        if self.integer and self.high is None and value >= 2**31:
-            return f"{name} must be below 2**31, got {value!r}"
-        return None
-
-
-def field_problems(settings) -> list[tuple[str, str]]:
-    """(field, message) for every field of a settings dataclass whose value its Rule refuses, and for every float
-    that float32, the dtype a run computes in, would turn into 0 or inf (--tau-pos 1e-46 would silently be another
-    setting); each message starts with the field's name. Fields without a Rule (paths, names, switches) pass."""
-    problems = []
-    for f in fields(settings):
-        value, rule = getattr(settings, f.name), f.metadata.get("rule")
-        message = rule.problem(f.name, value) if rule is not None else None
-        if message is None and isinstance(value, float) and math.isfinite(value) and value != 0:
-            single = _as_float32(value)
-            if single == 0 or math.isinf(single):
-                message = (f"{f.name} {value} is {'0' if single == 0 else 'inf'} in float32, the dtype the run "
-                           "computes in (it holds sizes from 1.4e-45 to 3.4e38)")
-        if message is not None:
-            problems.append((f.name, message))
-    return problems
-
-
-def _as_float32(value: float) -> float:
-    try:
-        return struct.unpack("f", struct.pack("f", value))[0]
-    except OverflowError:
-        return math.inf
-
-
-def option(default, rule: Rule):
-    """A settings field with its rule (LossConfig's here, Args' in cegppo_utils/flags.py)."""
-    return field(default=default, metadata={"rule": rule})
-
-
-BETA_CAP = "it scales the loss's gradient; the paper uses 0.5 to 1"  # beta1, beta2: at most 100
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """Every hyperparameter of the objectives. Each field is also a train.py flag (--eps-low, ...), checked by its rule.
-    An algorithm reads only the fields its token loss uses; its own defaults are in ALGORITHMS[algo].defaults."""
-    algo: str = option("ce_gppo", Rule(choices=ALGORITHMS))  # the objective: one of loss.ALGORITHMS (README's table of the family)
-    eps_low: float = option(0.2, Rule(0, 1, low_open=True))  # lower clip range: the interval is [1 - eps_low, 1 + eps_high]; 1 = no lower bound
-    eps_high: float = option(0.2, Rule(0, low_open=True))  # upper clip range
-    beta1: float = option(0.5, Rule(0, cap=100, cap_says=BETA_CAP))  # CE-GPPO gradient scale on the left boundary (d < 1-eps, A < 0); larger lowers entropy
-    beta2: float = option(1.0, Rule(0, cap=100, cap_says=BETA_CAP))  # CE-GPPO gradient scale on the right boundary (d > 1+eps, A > 0); larger keeps entropy up
-    clip_ratio_c: float = option(10.0, Rule(0))  # dual-clip bound for A < 0 (official scripts: 10); 0 disables; DPPO: the cap on its detached ratio (verl's truncation)
-    loss_agg_mode: str = option("token-mean", Rule(choices=LOSS_AGG_MODES))  # how token losses become one number
-    norm_len: int = option(0, Rule(0, integer=True))  # seq-mean-token-sum-norm's constant length (Dr. GRPO); 0 = the max response length
-    entropy_coef: float = option(0.0, Rule(0))  # entropy bonus: loss -= coef * mean token entropy (paper §4 baseline: 0.001, 0.003)
-    positive_lm_coef: float = option(0.0, Rule(0))  # weight of the NLL on correct responses (official scripts: 0.1; not in the paper)
-    dynamic_clip: str = option("none", Rule(choices=DYNAMIC_CLIPS))  # probability-dependent clip schedule (arXiv 2602.09782)
-    od_initial_entropy: float = option(0.5, Rule(0))  # --dynamic-clip od: H_init in nats, its floor 0.2 H_init (public FlexEC defaults: 0.5; the paper: the initial entropy); 0 = the first step's measured mean entropy
-    tau_pos: float = option(1.0, Rule(0, low_open=True))  # SAPO gate temperature for A > 0 (SAPO paper, verl tau_pos, TRL sapo_temperature_pos: 1.0)
-    tau_neg: float = option(1.05, Rule(0, low_open=True))  # SAPO gate temperature for A <= 0 (SAPO paper, verl tau_neg, TRL sapo_temperature_neg: 1.05)
-    clip_cov_ratio: float = option(2e-4, Rule(0, 1, low_open=True))  # Clip-Cov: share of a call's tokens whose gradient is stopped (arXiv 2505.22617 §5, verl: 2e-4)
-    clip_cov_lb: float = option(1.0, Rule(0))  # Clip-Cov: only tokens with covariance in (lb, ub) are candidates (paper, verl: 1)
-    clip_cov_ub: float = option(5.0, Rule(0))  # Clip-Cov: upper covariance bound (paper, verl: 5)
-    kl_cov_ratio: float = option(2e-3, Rule(0, 1, low_open=True))  # KL-Cov: share of a call's tokens with the largest covariance that get the KL term (paper 7B run: 2e-3; verl default 2e-4)
-    kl_cov_coef: float = option(1.0, Rule(0))  # KL-Cov: weight of |log d| on those tokens (paper: 1; verl's yaml default 0.1)
-    top_entropy_quantile: float = option(1.0, Rule(0, 1, low_open=True))  # rho: train only on the top-rho share of tokens by entropy (arXiv 2506.01939 recommends 0.2; TRL top_entropy_quantile); 1 = all
-    kl_coef: float = option(0.0, Rule(0))  # KL penalty to the frozen initial model (GRPO paper: 0.04; verl kl_loss_coef 0.001; official CE-GPPO scripts: none); 0 = no reference model
-    kl_estimator: str = option("k3", Rule(choices=KL_ESTIMATORS))  # k1 log(pi/ref), k2 (log(pi/ref))^2 / 2, k3 ref/pi - log(ref/pi) - 1 (GRPO Eq. 4; verl low_var_kl)
-    adaptive_entropy: bool = option(False, Rule(choices=SWITCH))  # Skywork-OR1 adaptive entropy control: entropy_coef becomes the controller's start value (TRL use_adaptive_entropy)
-    entropy_target: float = option(0.2, Rule(0, low_open=True))  # adaptive entropy: target mean token entropy in nats (Skywork-OR1 tgt-ent 0.2; TRL entropy_target 0.2)
-    entropy_coef_delta: float = option(0.005, Rule(0, low_open=True))  # adaptive entropy: step of the coefficient per training step (Skywork-OR1, TRL entropy_coef_delta: 0.005)
-    entropy_coef_min: float = option(0.0, Rule(0))  # adaptive entropy: lower bound of the coefficient (TRL entropy_coef_min: 0)
-    entropy_coef_max: float = option(1.0, Rule(0))  # adaptive entropy: upper bound of the coefficient (TRL entropy_coef_max: 1)
-    erc_low: float = option(0.95, Rule(0, 1, high_open=True))  # ERC: no gradient where H / H_old <= erc_low (the authors' scripts: 0.95)
-    erc_high: float = option(1.05, Rule(1, low_open=True))  # ERC: no gradient where H / H_old >= erc_high (the authors' scripts: 1.05)
-    dppo_mask_low: float = option(0.15, Rule(0))  # DPPO: mask A <= 0 tokens whose probability fell past this divergence (verl: TV 0.15, KL 0.05)
-    dppo_mask_high: float = option(0.15, Rule(0))  # DPPO: mask A > 0 tokens whose probability rose past this divergence (verl: TV 0.15, KL 0.05)
-    m2_threshold: float = option(0.04, Rule(0, low_open=True))  # M2PO: mask the largest (log d)^2 until the rest's mean is below this (paper, AReaL: 0.04)
-
-
-def loss_config(algo: str = "ce_gppo", **overrides) -> LossConfig:
-    """The LossConfig that runs `algo` with its own defaults, then `overrides`; checked (ValueError if not valid)."""
-    if algo not in ALGORITHMS:
-        raise ValueError(f"unknown algo {algo!r}; choose one of {sorted(ALGORITHMS)}")
-    cfg = LossConfig(**{**ALGORITHMS[algo].defaults, **overrides, "algo": algo})
-    problems = config_problems(cfg)
-    if problems:
-        raise ValueError(problems[0][1])
-    return cfg
-
-
-def config_problems(cfg: LossConfig) -> list[tuple[str, str]]:
-    """(field, message) for every value out of range, each message starting with the field's name; [] if valid.
-    Each field's own rule first (field_problems), then the rules that relate two fields."""
-    problems = field_problems(cfg)
-    bad = {name for name, _ in problems}
-    if not bad & {"clip_ratio_c", "eps_high"} and cfg.clip_ratio_c and cfg.clip_ratio_c <= 1 + cfg.eps_high:
-        problems.append(("clip_ratio_c", f"clip_ratio_c must exceed 1 + eps_high = {1 + cfg.eps_high} (or be 0 to "
-                                         f"disable), got {cfg.clip_ratio_c!r}"))
-    if not bad & {"algo", "dynamic_clip"} and cfg.dynamic_clip != "none" and not ALGORITHMS[cfg.algo].dynamic_clip:
-        problems.append(("dynamic_clip", f"dynamic_clip does not apply to {cfg.algo}: dynamic clipping applies to "
-                                         f"{[a for a, s in ALGORITHMS.items() if s.dynamic_clip]}"))
-    if not bad & {"clip_cov_lb", "clip_cov_ub"} and cfg.clip_cov_lb >= cfg.clip_cov_ub:
-        problems.append(("clip_cov_lb", f"clip_cov_lb must be below clip_cov_ub = {cfg.clip_cov_ub}, "
-                                        f"got {cfg.clip_cov_lb!r}"))
-    if not bad & {"entropy_coef_min", "entropy_coef_max"} and cfg.entropy_coef_min > cfg.entropy_coef_max:
-        problems.append(("entropy_coef_min", f"entropy_coef_min must be at most entropy_coef_max = "
-                                             f"{cfg.entropy_coef_max}, got {cfg.entropy_coef_min!r}"))
-    return problems
-
-
-def closest(value, options) -> str | None:
-    """The option a mistyped value most likely means, by spelling, or None: the one closest-name hint for every
-    choice, preset, flag and config key."""
-    close = difflib.get_close_matches(str(value), [str(o) for o in options], n=1, cutoff=0.6)
-    return close[0] if close else None
-
-
-def did_you_mean(value, options) -> str:
-    """"; did you mean X?" for closest(value, options), or ""."""
-    close = closest(value, options)
-    return f"; did you mean {close!r}?" if close else ""
-
-
-# ---------------------------------------------------------------------------------------------
-# 7. Dynamic clipping ("Flexible Entropy Control", arXiv 2602.09782)
+# 6. Dynamic clipping ("Flexible Entropy Control", arXiv 2602.09782)
 # ---------------------------------------------------------------------------------------------
 # The clip thresholds become functions of the token's current probability p = pi_theta(y_t)
 # (detached): an upper threshold H(p) and a lower threshold M(p), each linear in p and clamped,
@@ -988,7 +893,7 @@ def oscillatory_decay_state(state: int, entropy: float, progress: float, initial
 
 
 # ---------------------------------------------------------------------------------------------
-# 8. The positive-example LM term of the official scripts
+# 7. The positive-example LM term of the official scripts
 # ---------------------------------------------------------------------------------------------
 
 def positive_example_lm_loss(logp: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor, *, num_tokens=None):
@@ -1004,7 +909,7 @@ def positive_example_lm_loss(logp: torch.Tensor, mask: torch.Tensor, correct: to
 
 
 # ---------------------------------------------------------------------------------------------
-# 9. Options for every algorithm: top-entropy tokens, the KL to a reference, adaptive entropy
+# 8. Options for every algorithm: top-entropy tokens, the KL to a reference, adaptive entropy
 # ---------------------------------------------------------------------------------------------
 
 def high_entropy_tokens(entropy: torch.Tensor, mask: torch.Tensor, rho: float) -> torch.Tensor:
@@ -1071,3 +976,186 @@ def next_entropy_coef(cfg: LossConfig, coef: float, entropy: float) -> float:
     if entropy <= cfg.entropy_target:
         return min(coef + cfg.entropy_coef_delta, cfg.entropy_coef_max)
     return max(coef - cfg.entropy_coef_delta, cfg.entropy_coef_min)
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. The settings: LossConfig, every field checked by its rule
+# ---------------------------------------------------------------------------------------------
+# Every hyperparameter is one field of LossConfig, declared with its default and its Rule: the rule is its check
+# (one error line naming the flag), the comment beside it its --help line. Args (cegppo_utils/flags.py) declares
+# the run's other settings the same way, and field_problems() checks both alike.
+
+class Rule(NamedTuple):
+    """What values a field takes: declared beside the field (LossConfig's below, train.py's Args in
+    cegppo_utils/flags.py) and checked by field_problems() for every field alike, so a new setting brings its own
+    check and its own error line."""
+    low: float | None = None  # lower bound
+    high: float | None = None  # upper bound
+    low_open: bool = False  # the lower bound excluded: > low instead of >= low
+    high_open: bool = False  # the upper bound excluded: < high instead of <= high
+    integer: bool = False  # whole numbers only, and below 2**31 (what torch and the samplers take) unless high says
+    choices: tuple | dict | None = None  # the allowed values (of a dict: its keys)
+    also: tuple = ()  # values allowed outside the range (temperature 0: greedy)
+    says: str = ""  # the range in words, where the bounds alone would not say why
+    cap: float | None = None  # a sanity limit above an open-ended range, said with its reason:
+    cap_says: str = ""  # "at most {cap} ({cap_says})"
+
+    def options(self) -> list:
+        """The allowed values of a choice field, from its registry (empty for a numeric field)."""
+        return sorted(self.choices, key=str) if self.choices is not None else []
+
+    def text(self) -> str:
+        if self.says or self.choices is not None:
+            return self.says or f"one of {self.options()}"
+        low = f"{'>' if self.low_open else '>='} {self.low:g}" if self.low is not None else ""
+        if self.high is None:
+            return f"an integer {low}" if self.integer else f"{low} and finite"
+        if not low:
+            return f"{'<' if self.high_open else '<='} {self.high:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+    def problem(self, name: str, value) -> str | None:
+        """"{name} must be ..., got {value}" where value breaks the rule, else None."""
+        if self.choices is not None:
+            return None if value in self.options() else f"{name} must be {self.text()}, got {value!r}" + \
+                did_you_mean(value, self.options())
+        number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+        if number and value in self.also:
+            return None
+        if (not number or (self.integer and not isinstance(value, int))
+                or (self.low is not None and (value < self.low or (self.low_open and value == self.low)))
+                or (self.high is not None and (value > self.high or (self.high_open and value == self.high)))):
+            return f"{name} must be {self.text()}, got {value!r}"
+        if self.cap is not None and value > self.cap:
+            return f"{name} must be at most {self.cap:g} ({self.cap_says}), got {value!r}"
+        if self.integer and self.high is None and value >= 2**31:
+            return f"{name} must be below 2**31, got {value!r}"
+        return None
+
+
+def option(default, rule: Rule):
+    """A settings field with its rule (LossConfig's here, Args' in cegppo_utils/flags.py)."""
+    return field(default=default, metadata={"rule": rule})
+
+
+BETA_CAP = "it scales the loss's gradient; the paper uses 0.5 to 1"  # beta1, beta2: at most 100
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Every hyperparameter of the objectives. Each field is also a train.py flag (--eps-low, ...), checked by its rule.
+    An algorithm reads only the fields its token loss uses; its own defaults are in ALGORITHMS[algo].defaults."""
+    algo: str = option("ce_gppo", Rule(choices=ALGORITHMS))  # the objective: one of loss.ALGORITHMS (README's table of the family)
+    eps_low: float = option(0.2, Rule(0, 1, low_open=True))  # lower clip range: the interval is [1 - eps_low, 1 + eps_high]; 1 = no lower bound
+    eps_high: float = option(0.2, Rule(0, low_open=True))  # upper clip range
+    beta1: float = option(0.5, Rule(0, cap=100, cap_says=BETA_CAP))  # CE-GPPO gradient scale on the left boundary (d < 1-eps, A < 0); larger lowers entropy
+    beta2: float = option(1.0, Rule(0, cap=100, cap_says=BETA_CAP))  # CE-GPPO gradient scale on the right boundary (d > 1+eps, A > 0); larger keeps entropy up
+    clip_ratio_c: float = option(10.0, Rule(0))  # dual-clip bound for A < 0 (official scripts: 10); 0 disables; DPPO: the cap on its detached ratio (verl's truncation)
+    loss_agg_mode: str = option("token-mean", Rule(choices=LOSS_AGG_MODES))  # how token losses become one number
+    norm_len: int = option(0, Rule(0, integer=True))  # seq-mean-token-sum-norm's constant length (Dr. GRPO); 0 = the max response length
+    entropy_coef: float = option(0.0, Rule(0))  # entropy bonus: loss -= coef * mean token entropy (paper §4 baseline: 0.001, 0.003)
+    positive_lm_coef: float = option(0.0, Rule(0))  # weight of the NLL on correct responses (official scripts: 0.1; not in the paper)
+    dynamic_clip: str = option("none", Rule(choices=DYNAMIC_CLIPS))  # probability-dependent clip schedule (arXiv 2602.09782)
+    od_initial_entropy: float = option(0.5, Rule(0))  # --dynamic-clip od: H_init in nats, its floor 0.2 H_init (public FlexEC defaults: 0.5; the paper: the initial entropy); 0 = the first step's measured mean entropy
+    tau_pos: float = option(1.0, Rule(0, low_open=True))  # SAPO gate temperature for A > 0 (SAPO paper, verl tau_pos, TRL sapo_temperature_pos: 1.0)
+    tau_neg: float = option(1.05, Rule(0, low_open=True))  # SAPO gate temperature for A <= 0 (SAPO paper, verl tau_neg, TRL sapo_temperature_neg: 1.05)
+    clip_cov_ratio: float = option(2e-4, Rule(0, 1, low_open=True))  # Clip-Cov: share of a call's tokens whose gradient is stopped (arXiv 2505.22617 §5, verl: 2e-4)
+    clip_cov_lb: float = option(1.0, Rule(0))  # Clip-Cov: only tokens with covariance in (lb, ub) are candidates (paper, verl: 1)
+    clip_cov_ub: float = option(5.0, Rule(0))  # Clip-Cov: upper covariance bound (paper, verl: 5)
+    kl_cov_ratio: float = option(2e-3, Rule(0, 1, low_open=True))  # KL-Cov: share of a call's tokens with the largest covariance that get the KL term (paper 7B run: 2e-3; verl default 2e-4)
+    kl_cov_coef: float = option(1.0, Rule(0))  # KL-Cov: weight of |log d| on those tokens (paper: 1; verl's yaml default 0.1)
+    top_entropy_quantile: float = option(1.0, Rule(0, 1, low_open=True))  # rho: train only on the top-rho share of tokens by entropy (arXiv 2506.01939 recommends 0.2; TRL top_entropy_quantile); 1 = all
+    kl_coef: float = option(0.0, Rule(0))  # KL penalty to the frozen initial model (GRPO paper: 0.04; verl kl_loss_coef 0.001; official CE-GPPO scripts: none); 0 = no reference model
+    kl_estimator: str = option("k3", Rule(choices=KL_ESTIMATORS))  # k1 log(pi/ref), k2 (log(pi/ref))^2 / 2, k3 ref/pi - log(ref/pi) - 1 (GRPO Eq. 4; verl low_var_kl)
+    adaptive_entropy: bool = option(False, Rule(choices=SWITCH))  # Skywork-OR1 adaptive entropy control: entropy_coef becomes the controller's start value (TRL use_adaptive_entropy)
+    entropy_target: float = option(0.2, Rule(0, low_open=True))  # adaptive entropy: target mean token entropy in nats (Skywork-OR1 tgt-ent 0.2; TRL entropy_target 0.2)
+    entropy_coef_delta: float = option(0.005, Rule(0, low_open=True))  # adaptive entropy: step of the coefficient per training step (Skywork-OR1, TRL entropy_coef_delta: 0.005)
+    entropy_coef_min: float = option(0.0, Rule(0))  # adaptive entropy: lower bound of the coefficient (TRL entropy_coef_min: 0)
+    entropy_coef_max: float = option(1.0, Rule(0))  # adaptive entropy: upper bound of the coefficient (TRL entropy_coef_max: 1)
+    erc_low: float = option(0.95, Rule(0, 1, high_open=True))  # ERC: no gradient where H / H_old <= erc_low (the authors' scripts: 0.95)
+    erc_high: float = option(1.05, Rule(1, low_open=True))  # ERC: no gradient where H / H_old >= erc_high (the authors' scripts: 1.05)
+    dppo_mask_low: float = option(0.15, Rule(0))  # DPPO: mask A <= 0 tokens whose probability fell past this divergence (verl: TV 0.15, KL 0.05)
+    dppo_mask_high: float = option(0.15, Rule(0))  # DPPO: mask A > 0 tokens whose probability rose past this divergence (verl: TV 0.15, KL 0.05)
+    m2_threshold: float = option(0.04, Rule(0, low_open=True))  # M2PO: mask the largest (log d)^2 until the rest's mean is below this (paper, AReaL: 0.04)
+
+
+def loss_config(algo: str = "ce_gppo", **overrides) -> LossConfig:
+    """The LossConfig that runs `algo` with its own defaults, then `overrides`; checked (ValueError if not valid)."""
+    if algo not in ALGORITHMS:
+        raise ValueError(f"unknown algo {algo!r}; choose one of {sorted(ALGORITHMS)}")
+    cfg = LossConfig(**{**ALGORITHMS[algo].defaults, **overrides, "algo": algo})
+    problems = config_problems(cfg)
+    if problems:
+        raise ValueError(problems[0][1])
+    return cfg
+
+
+def config_problems(cfg: LossConfig) -> list[tuple[str, str]]:
+    """(field, message) for every value out of range, each message starting with the field's name; [] if valid.
+    Each field's own rule first (field_problems), then the rules that relate two fields."""
+    problems = field_problems(cfg)
+    bad = {name for name, _ in problems}
+    if not bad & {"clip_ratio_c", "eps_high"} and cfg.clip_ratio_c and cfg.clip_ratio_c <= 1 + cfg.eps_high:
+        problems.append(("clip_ratio_c", f"clip_ratio_c must exceed 1 + eps_high = {1 + cfg.eps_high} (or be 0 to "
+                                         f"disable), got {cfg.clip_ratio_c!r}"))
+    if not bad & {"algo", "dynamic_clip"} and cfg.dynamic_clip != "none" and not ALGORITHMS[cfg.algo].dynamic_clip:
+        problems.append(("dynamic_clip", f"dynamic_clip does not apply to {cfg.algo}: dynamic clipping applies to "
+                                         f"{[a for a, s in ALGORITHMS.items() if s.dynamic_clip]}"))
+    if not bad & {"clip_cov_lb", "clip_cov_ub"} and cfg.clip_cov_lb >= cfg.clip_cov_ub:
+        problems.append(("clip_cov_lb", f"clip_cov_lb must be below clip_cov_ub = {cfg.clip_cov_ub}, "
+                                        f"got {cfg.clip_cov_lb!r}"))
+    if not bad & {"entropy_coef_min", "entropy_coef_max"} and cfg.entropy_coef_min > cfg.entropy_coef_max:
+        problems.append(("entropy_coef_min", f"entropy_coef_min must be at most entropy_coef_max = "
+                                             f"{cfg.entropy_coef_max}, got {cfg.entropy_coef_min!r}"))
+    return problems
+
+
+def field_problems(settings) -> list[tuple[str, str]]:
+    """(field, message) for every field of a settings dataclass whose value its Rule refuses, and for every float
+    that float32, the dtype a run computes in, would turn into 0 or inf (--tau-pos 1e-46 would silently be another
+    setting); each message starts with the field's name. Fields without a Rule (paths, names, switches) pass."""
+    problems = []
+    for f in fields(settings):
+        value, rule = getattr(settings, f.name), f.metadata.get("rule")
+        message = rule.problem(f.name, value) if rule is not None else None
+        if message is None and isinstance(value, float) and math.isfinite(value) and value != 0:
+            single = _as_float32(value)
+            if single == 0 or math.isinf(single):
+                message = (f"{f.name} {value} is {'0' if single == 0 else 'inf'} in float32, the dtype the run "
+                           "computes in (it holds sizes from 1.4e-45 to 3.4e38)")
+        if message is not None:
+            problems.append((f.name, message))
+    return problems
+
+
+def _as_float32(value: float) -> float:
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.inf
+
+
+_valid_configs = set()
+
+
+def _checked(cfg):
+    """config_problems(cfg), remembered for valid configs (policy_loss runs once per micro-batch)."""
+    if cfg in _valid_configs:
+        return []
+    problems = config_problems(cfg)
+    if not problems:
+        _valid_configs.add(cfg)
+    return problems
+
+
+def closest(value, options) -> str | None:
+    """The option a mistyped value most likely means, by spelling, or None: the one closest-name hint for every
+    choice, preset, flag and config key."""
+    close = difflib.get_close_matches(str(value), [str(o) for o in options], n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def did_you_mean(value, options) -> str:
+    """"; did you mean X?" for closest(value, options), or ""."""
+    close = closest(value, options)
+    return f"; did you mean {close!r}?" if close else ""

@@ -24,6 +24,8 @@ of the groups (cegppo_utils/distributed.py); counts are all-reduced so the updat
 would make.
 """
 
+# The command line is read before the imports that load torch (below), so imports follow code here:
+# ruff: noqa: E402
 from __future__ import annotations  # the stages come first; the types they name, below
 
 import os
@@ -32,12 +34,20 @@ import os
 # the log (set TORCH_CPP_LOG_LEVEL yourself to see more). Must be set before torch is imported.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
+from cegppo_utils import flags  # reads the flags without torch (loss.py and tiny.py load it at first use)
+
+if __name__ == "__main__":
+    # The command line first: a mistyped flag, --help, and a --resume of a finished or busy run are answered here,
+    # before the imports below load torch and transformers (5-30 s); run(), at the bottom, starts from what it read.
+    COMMAND_LINE = flags.parse_args(None, __doc__)
+
 import contextlib
 import dataclasses
 import math
 import signal
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 
 import torch
@@ -48,7 +58,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 import loss as L
 import reward
 import rollout
-from cegppo_utils import attention, correction, data, flags, heldout, logprobs, models, plot
+from cegppo_utils import attention, correction, data, heldout, logprobs, models, plot
 from cegppo_utils import distributed as D
 from cegppo_utils import runfolder as RF
 from cegppo_utils.data import UserError
@@ -283,10 +293,11 @@ def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, ctx: StepContext 
         logp, entropy, _ = response_logprobs(policy, mb, grad=True)
         if mb.old_logp is None:  # the first mini-batch: no update yet since sampling, old = current
             mb.old_logp, mb.old_entropy = logp.detach(), entropy.detach()
+        extras = L.Extras(entropy=entropy if L.needs_current_entropy(cfg) else mb.old_entropy,
+                          old_entropy=mb.old_entropy, correct=mb.correct, weights=mb.weights, ref_logp=mb.ref_logp,
+                          progress=ctx.progress, od_state=ctx.od_state)
         loss, m = L.policy_loss(logp, mb.old_logp, mb.advantages, mb.response_mask, cfg, totals=mini.totals,
-                                entropy=entropy if L.needs_current_entropy(cfg) else mb.old_entropy,
-                                old_entropy=mb.old_entropy, correct=mb.correct, weights=mb.weights,
-                                progress=ctx.progress, od_state=ctx.od_state, ref_logp=mb.ref_logp)
+                                extras=extras)
         if bad_loss is None and not torch.isfinite(loss):
             bad_loss = loss.item()
         loss.backward()
@@ -341,7 +352,7 @@ def end_step(run: Run, args, s: Step):
         loop.entropy_coef = L.next_entropy_coef(args.loss, coef, row["entropy"])
         loop.last_entropy = row["entropy"]
     loop.step = done
-    if done % args.save_every == 0 or done == args.max_steps:
+    if saves_at(args, done):
         # before the evaluation, so a failed one loses no training; the row goes inside, for RF.restore_row
         state = {"scheduler": run.policy.scheduler.state_dict(), "data": run.stream.state(), "loop": loop.saved(),
                  "flags": flags.flat_flags(args), "row": dict(row)}
@@ -358,8 +369,14 @@ def end_step(run: Run, args, s: Step):
     for send in run.loggers:
         send(row, samples)
     run.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", ent=f"{row.get('entropy', math.nan):.3f}",
-                        clip_b1=f"{row.get('clip_frac_low_neg', 0):.4f}",
-                        clip_b2=f"{row.get('clip_frac_high_pos', 0):.4f}")
+                        **{d.short: f"{row[d.metric]:.4f}" for d in bar_diagnostics(args.loss.algo) if d.metric in row})
+
+
+def bar_diagnostics(algo: str) -> list[L.Diagnostic]:
+    """What the progress bar shows beside reward and entropy: the algorithm's first two diagnostics that have a short
+    name, its own metrics before its clip regions (loss.ALGORITHMS; CE-GPPO's: clip_b1, clip_b2)."""
+    a = L.ALGORITHMS[algo]
+    return [d for d in a.diagnostics + a.regions if d.short][:2]
 
 
 def advance_od_state(loop: LoopState, cfg: L.LossConfig, entropy: float, progress: float) -> int:
@@ -380,6 +397,12 @@ def evaluations_before_the_loop(run: Run, args):
         RF.append_jsonl(run.metrics_path, [evaluation_row(run, args, step=0)])
     if run.lost_row:
         RF.append_jsonl(run.metrics_path, [{**run.lost_row, **evaluation_row(run, args, run.lost_row["step"])}])
+
+
+def saves_at(args, done: int) -> bool:
+    """Whether step `done` (counted from 1) ends with a checkpoint: every --save-every steps, at --save-first (a stop
+    in the first minutes loses little) and at the end."""
+    return done % args.save_every == 0 or done == args.save_first or done == args.max_steps
 
 
 def evaluates_at(args, done: int) -> bool:
@@ -730,16 +753,16 @@ def _terminate(signum, frame):
     raise Terminated()
 
 
-def run(argv=None):
-    """The command line: bad input ends in one line and exit code 2, a stopped run (an error, Ctrl-C, SIGTERM) in one
-    line and exit code 1."""
+def run(argv=None, parsed: Args | None = None):
+    """The command line (argv, or as already parsed): bad input ends in one line and exit code 2, a stopped run (an
+    error, Ctrl-C, SIGTERM) in one line with the command that goes on, and exit code 1."""
     args = None
     try:
         previous = signal.signal(signal.SIGTERM, _terminate)
     except ValueError:  # not the main thread: signals are not ours to take
         previous = None
     try:
-        args = flags.parse_args(argv, __doc__)
+        args = parsed or flags.parse_args(argv, __doc__)
         # the output folder is this run's for its whole life (rank 0; torchrun sets RANK before anything starts): a
         # second run or resume on it is refused at once
         with (RF.lock_output_dir(args.output_dir, resume=args.resume) if os.environ.get("RANK", "0") == "0"
@@ -753,10 +776,15 @@ def run(argv=None):
     except KeyboardInterrupt as e:  # checkpoints are written whole or not at all: --resume goes on from the last
         how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
         sys.exit(RF.interrupted(args.output_dir, how=how) if args is not None else f"train.py: {how}")
+    except Exception as e:  # anything else (a library, the machine): its traceback, then what is kept and how to go on
+        if args is None:
+            raise
+        traceback.print_exc()
+        sys.exit(f"train.py: stopped by {type(e).__name__}; {RF.kept_note(args.output_dir)}")
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":
-    run()
+    run(parsed=COMMAND_LINE)

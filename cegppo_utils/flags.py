@@ -15,8 +15,13 @@ import sys
 from dataclasses import dataclass, field, fields
 
 import loss as L
-from cegppo_utils import correction, data
+from cegppo_utils import data
+from cegppo_utils import runfolder as RF
 
+# correction.py's modes and IcePop's band, named here so that the command line is read without importing torch
+# (correction.py imports it); tests/test_bad_input.py keeps them equal to correction.MODES and ICEPOP_BAND
+CORRECTION_MODES = ("none", "token-tis", "token-mis", "seq-tis", "seq-mis", "token-icepop")
+ICEPOP_BAND = (0.5, 5.0)
 COUNT = L.Rule(0, low_open=True, integer=True)  # a whole number > 0 (and below 2**31, as every integer flag)
 AT_LEAST_0 = L.Rule(0, integer=True)
 
@@ -38,10 +43,10 @@ class Args:
     loss: L.LossConfig = field(default_factory=L.LossConfig)
     scale_adv_by_std: bool = True  # GRPO advantages; --no-scale-adv-by-std = Dr. GRPO (r - mean)
     dynamic_sampling: bool = True  # drop groups whose accuracy has zero variance (official: on)
-    rollout_correction: str = L.option("none", L.Rule(choices=correction.MODES))  # sampler/trainer mismatch weights (correction.py)
+    rollout_correction: str = L.option("none", L.Rule(choices=CORRECTION_MODES))  # sampler/trainer mismatch weights (correction.py)
     rollout_correction_threshold: float = L.option(2.0, L.Rule(1, low_open=True, says="a finite number > 1"))  # C: TIS truncates the weight at C, MIS drops what exceeds C
-    icepop_low: float = L.option(correction.ICEPOP_BAND[0], L.Rule(0, 1, low_open=True))  # alpha: --rollout-correction token-icepop zeroes the weight where pi_old / q < alpha (IcePop paper, verl: 0.5)
-    icepop_high: float = L.option(correction.ICEPOP_BAND[1], L.Rule(1))  # beta: token-icepop zeroes the weight where pi_old / q > beta (IcePop paper, verl: 5)
+    icepop_low: float = L.option(ICEPOP_BAND[0], L.Rule(0, 1, low_open=True))  # alpha: --rollout-correction token-icepop zeroes the weight where pi_old / q < alpha (IcePop paper, verl: 0.5)
+    icepop_high: float = L.option(ICEPOP_BAND[1], L.Rule(1))  # beta: token-icepop zeroes the weight where pi_old / q > beta (IcePop paper, verl: 5)
     # --- sampling
     gen_prompts: int = L.option(32, COUNT)  # prompts sampled per step
     n: int = L.option(8, L.Rule(2, integer=True, says=">= 2 (group-relative advantages need a group)"))  # responses per prompt
@@ -66,8 +71,9 @@ class Args:
     max_steps: int = L.option(100, COUNT)  # training steps
     # --- run folder
     output_dir: str = "runs/tiny"  # config.json, metrics.jsonl, samples.jsonl, checkpoints/, final/, curves.png
-    resume: bool = False  # continue from the latest checkpoint in output_dir (from step 0 if there is none)
+    resume: bool = False  # continue the run in output_dir (`--resume RUN` names it) from its latest checkpoint, with its own config.json's settings (from step 0 if there is no checkpoint)
     save_every: int = L.option(25, COUNT)  # checkpoint every N steps (and at the end)
+    save_first: int = L.option(5, AT_LEAST_0)  # also checkpoint at this step, before the first --save-every, so that a stop in the first minutes loses little; 0 = not
     keep_checkpoints: int = L.option(2, COUNT)  # how many checkpoints to keep
     # --- logging
     eval_every: int = L.option(25, AT_LEAST_0)  # held-out avg@k (as evaluate.py computes it) every N steps and at the end; 0 = never
@@ -82,8 +88,9 @@ class Args:
 # only while that algorithm is in effect, so `--preset r1-distill-1.5b --algo dapo` runs DAPO with DAPO's own
 # defaults (loss.ALGORITHMS), not with CE-GPPO's betas. Args' defaults are the offline `tiny` preset.
 PRESETS = {
-    # The offline CPU default: ~3 minutes on 2 cores, no downloads. Larger lr than the paper's (a 3M-parameter
-    # model), and up to 8 mini-batches per step so ratios leave the clip interval and CE-GPPO's terms act.
+    # The offline CPU default: 100 steps, no downloads (README's quick start: its time and numbers per CPU type).
+    # Larger lr than the paper's (a 3M-parameter model), and up to 8 mini-batches per step so ratios leave the clip
+    # interval and CE-GPPO's terms act.
     "tiny": dict(algo="ce_gppo", algo_options={}),
     # The offline task with ~105-token responses and genuine choice points (tiny.py: sums with a free order), and
     # the paper's 256 -> 128 -> 16 scaled down to 32 -> 16 -> 2: up to 8 optimizer steps per rollout batch, so ratios
@@ -224,23 +231,31 @@ def validate(a: Args) -> list[str]:
 def parse_args(argv=None, description: str = "", prog: str = "train.py") -> Args:
     """train.py's command line -> the resolved Args (bad values: one line, exit code 2). description: train.py's doc.
     `--config FILE` (JSON or YAML: a mapping of flag names, or a run's own config.json) gives values that the
-    command line overrides; flags may be spelled with underscores (--max_steps)."""
+    command line overrides; flags may be spelled with underscores (--max_steps). `--resume [RUN]` reads the run's
+    own config.json (resume_settings): a flag typed beside it may change how long the run goes on and what it logs,
+    nothing else. Nothing here imports torch, so a typo or --help is answered at once."""
     argv = join_negative_values(dash_flags(list(sys.argv[1:] if argv is None else argv)))
-    early = argparse.ArgumentParser(add_help=False)
-    early.add_argument("--preset", default=None)
-    early.add_argument("--algo", default=None)
-    early.add_argument("--config", default=None)
-    known, _ = early.parse_known_args(argv)
     parser = Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                     allow_abbrev=False)  # --max-step is a mistake to name, not a prefix to accept
-    from_file, file_preset = read_config(known.config, parser) if known.config else ({}, None)
+    argv = name_resumed_folder(argv, parser)
+    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for name in ("--preset", "--algo", "--config", "--output-dir"):
+        early.add_argument(name, default=None)
+    early.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None)
+    known, _ = early.parse_known_args(argv)
+    if known.resume and not known.config:
+        run_dir, from_file, file_preset = resume_settings(known, parser)
+    else:
+        run_dir = None
+        from_file, file_preset = read_config(known.config, parser) if known.config else ({}, None)
     preset = known.preset or file_preset or "tiny"
     if preset not in PRESETS:
         parser.error(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}{L.did_you_mean(preset, PRESETS)}")
     algo = known.algo or from_file.get("algo")
     shown = resolve(preset, {**from_file, **({"algo": algo} if algo in L.ALGORITHMS else {})})
+    source = known.config or (run_dir and os.path.join(run_dir, "config.json"))
     parser.description = (f"preset in effect: {preset} (algorithm {shown.loss.algo}); defaults below are its values"
-                          f"{' with ' + known.config if known.config else ''}\n\n" + description)
+                          f"{' with ' + source if source else ''}\n\n" + description)
     parser.add_argument("--preset", default="tiny",
                         help=f"the run's settings: one of {sorted(PRESETS)} (default: 'tiny')")
     parser.add_argument("--config", default=None,
@@ -250,12 +265,77 @@ def parse_args(argv=None, description: str = "", prog: str = "train.py") -> Args
     add_flags(parser, RUN_FIELDS + LOSS_FIELDS, {**field_docs(Args), **field_docs(L.LossConfig)}, shown, ALIASES,
               note=lambda name: f" [not used by {shown.loss.algo}]" if name in ignored else "")
     given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None and k not in ("preset", "config")}
+    if run_dir is not None:
+        check_same_settings(run_dir, from_file, file_preset, given, known.preset, parser)
+        given["output_dir"] = run_dir  # where the run is now, if its folder was moved since it started
     args = resolve(preset, {**from_file, **given})
     problems = validate(args)
     if problems:
         parser.error("; ".join(problems))
     args.preset = preset
+    if args.resume:
+        done = RF.finished_step(args.output_dir, args.max_steps)
+        if done is not None:  # before any model loads: nothing to do
+            print(f"{prog}: {args.output_dir} finished at step {done}; nothing to resume. Its policy is in "
+                  f"{os.path.join(args.output_dir, 'final')}; to train on, raise --max-steps: "
+                  f"{RF.resume_command(args.output_dir)} --max-steps N (N > {done})")
+            sys.exit(0)
     return args
+
+
+def name_resumed_folder(argv, parser) -> list[str]:
+    """`--resume RUN` (or --resume=RUN) -> `--resume --output-dir RUN`: the run's folder named once."""
+    out, folder = [], None
+    for token in argv:
+        if token.startswith("--resume="):
+            folder = token.split("=", 1)[1]
+            out.append("--resume")
+        elif folder is None and out and out[-1] == "--resume" and not token.startswith("-"):
+            folder = token
+        else:
+            out.append(token)
+    if folder is None:
+        return out
+    typed = [v for flag, v in zip(out, out[1:]) if flag == "--output-dir"]
+    typed += [t.split("=", 1)[1] for t in out if t.startswith("--output-dir=")]
+    if any(os.path.expanduser(v) != os.path.expanduser(folder) for v in typed):
+        parser.error(f"--resume {folder} and --output-dir {typed[0]} name two folders; give the run's folder once")
+    return out + ["--output-dir", folder]
+
+
+def resume_settings(known, parser) -> tuple[str, dict, str | None]:
+    """(the run's folder, its flags, its preset) for --resume without --config: the folder typed (--resume RUN or
+    --output-dir) or the preset's; its settings from its own config.json, where it holds a run's (none otherwise: a
+    folder without one resumes, or starts, from the command line as typed, and check() compares it with the
+    checkpoint). A folder that a live run holds is answered first, in one line naming it."""
+    preset = PRESETS.get(known.preset or "tiny", {})
+    run_dir = os.path.expanduser(known.output_dir or preset.get("output_dir", Args.output_dir))
+    try:
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 holds the lock
+            RF.check_not_in_use(run_dir)
+    except data.UserError as e:
+        parser.error(str(e))
+    config = RF.run_config_file(run_dir)
+    if config is None:
+        return run_dir, {}, None
+    from_file, file_preset = read_config(config, parser, what=f"--resume {run_dir}: {config}")
+    return run_dir, from_file, file_preset
+
+
+def check_same_settings(run_dir, saved: dict, saved_preset, typed: dict, typed_preset, parser):
+    """A flag typed beside --resume that differs from the run's own value: one error line naming only those typed
+    (the run's derived values are its own). Those in RESUMABLE (how long it runs, what it logs) may differ."""
+    typed = {k: os.path.expanduser(v) if k in PATH_FIELDS and isinstance(v, str) else v for k, v in typed.items()}
+    differ = [(f"--{k.replace('_', '-')}", typed[k], saved[k]) for k in typed
+              if k in saved and k not in RF.RESUMABLE and typed[k] != saved[k]]
+    if typed_preset and saved_preset and typed_preset != saved_preset:
+        differ.insert(0, ("--preset", typed_preset, saved_preset))
+    if differ:
+        shown = ", ".join(f"{flag} {now!r} (the run's: {then!r})" for flag, now, then in differ[:4])
+        more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
+        parser.error(f"--resume {run_dir}: {shown}{more}; a run resumes with its own settings (only how long it runs "
+                     "and what it logs may change: --max-steps, --save-every, --eval-every, ...); drop "
+                     f"{'it' if len(differ) == 1 else 'them'}, or start a new run in another --output-dir")
 
 
 MAX_CONFIG_BYTES = 1 << 20  # a config file is a page of flags; a larger one is a mistake (or a trap), refused unread
@@ -274,14 +354,14 @@ def closest_flag(name: str, names) -> str | None:
     return L.closest(name, names)
 
 
-def read_config(path: str, parser) -> tuple[dict, str | None]:
+def read_config(path: str, parser, what: str | None = None) -> tuple[dict, str | None]:
     """(flag values, preset or None) from a --config file; a bad file or an unknown name is one error line. Read as a
     regular file of at most MAX_CONFIG_BYTES (a FIFO would block, a huge file exhaust memory); YAML without anchors or
     aliases (their expansion is exponential), duplicate keys refused in YAML and JSON, and YAML 1.2's numbers (1e-4 is a
     float, as in JSON). A run's own config.json works: its `flags`, without `resume` (how that run started, not a
-    setting: a rerun from it is a new run)."""
+    setting: a rerun from it is a new run). what: how errors name the file (default: --config PATH)."""
     def fail(why):
-        parser.error(f"--config {path}: {why}")
+        parser.error(f"{what or '--config ' + path}: {why}")
     try:
         fd = os.open(os.path.expanduser(path), os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, then is refused
         try:
@@ -311,8 +391,8 @@ def read_config(path: str, parser) -> tuple[dict, str | None]:
         fail(f"YAML anchors and aliases are not accepted ({e.args[0]})")
     except (ValueError, RecursionError) as e:
         fail(f"cannot read it ({type(e).__name__}: {_short(data.first_line(e, None), 200, quote=False)})")
-    except Exception as e:  # yaml's parse errors
-        fail(f"not valid YAML ({_short(data.first_line(e, None) or type(e).__name__, 200, quote=False)})")
+    except Exception as e:  # yaml's parse errors: where (line, column) and what it found there
+        fail(f"not valid YAML ({_short(_yaml_problem(e), 200, quote=False)})")
     if not isinstance(values, dict):
         fail("must hold a mapping of flag names to values")
     if "preset" in values and not isinstance(values["preset"], str):
@@ -320,11 +400,10 @@ def read_config(path: str, parser) -> tuple[dict, str | None]:
     preset = values.get("preset")
     run_config = isinstance(values.get("flags"), dict)
     if run_config:  # a run's config.json: its flags under `flags`, beside only what the run recorded with them
-        from cegppo_utils.runfolder import RUN_RECORD_KEYS
-        beside = [k for k in values if k not in RUN_RECORD_KEYS]
+        beside = [k for k in values if k not in RF.RUN_RECORD_KEYS]
         if beside:
             fail(f"unknown key {_short(beside[0])} at the top level beside `flags` (a run's config.json holds its "
-                 f"flags under `flags`, beside only {', '.join(RUN_RECORD_KEYS)}); move it into `flags`")
+                 f"flags under `flags`, beside only {', '.join(RF.RUN_RECORD_KEYS)}); move it into `flags`")
     values = values["flags"] if run_config else {k: v for k, v in values.items() if k != "preset"}
     kinds = {f.name: field_type(f) for f in RUN_FIELDS + LOSS_FIELDS}
     out = {}
@@ -349,6 +428,19 @@ def read_config(path: str, parser) -> tuple[dict, str | None]:
             fail(f"{_short(key, quote=False)} must be {article} {kind.__name__}, got {_short(value)}")
         out[name] = float(value) if kind is float else value
     return out, preset
+
+
+def _yaml_problem(error) -> str:
+    """A YAML parse error in a line: where (line and column, from 1) and what was wrong there, with the block it
+    was reading where that started elsewhere (an indentation error is found on a later line than its cause)."""
+    mark, problem = getattr(error, "problem_mark", None), getattr(error, "problem", None)
+    if mark is None or not problem:
+        return data.first_line(error, None) or type(error).__name__
+    text = f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, start = getattr(error, "context", None), getattr(error, "context_mark", None)
+    if context and start is not None and start.line != mark.line:
+        text += f", {context} that starts on line {start.line + 1}"
+    return text
 
 
 def _short(value, limit=60, quote=True) -> str:
@@ -443,7 +535,13 @@ def field_docs(cls) -> dict:
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The docstring as written, and every flag's default."""
+    """The docstring as written, and every flag's default, said once: not where its help already says it, nor
+    where there is none (None)."""
+
+    def _get_help_string(self, action):
+        if "(default:" in (action.help or "") or action.default is None:
+            return action.help
+        return super()._get_help_string(action)
 
 
 class Parser(argparse.ArgumentParser):

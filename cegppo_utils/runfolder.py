@@ -19,8 +19,11 @@ Rules:
     start), and a folder written whole (an export) is checked where the kernel resolves it, not as typed.
   - A checkpoint records its shards' sizes and SHA-256 (shards.json) when it is written; a resume, an export or an
     evaluation verifies them (and that each shard holds every byte its .metadata places in it) before loading.
-  - --resume continues from the newest checkpoint, after checking that it was written by a run with the same
-    flags (only those in RESUMABLE may differ); with no checkpoint it starts again from step 0.
+  - --resume continues from the newest checkpoint, with the run's own settings read from its config.json
+    (flags.parse_args; a flag typed beside it may differ only where RESUMABLE allows), after checking that the
+    checkpoint was written by a run with the same flags; with no checkpoint it starts again from step 0. A finished
+    run (finished_step) and a folder a live run holds (check_not_in_use) are answered before anything loads, and
+    every stop names the command that goes on (resume_command).
   - Rows logged after the checkpoint being resumed (a crash came between), and a torn last line (a crash or a
     full disk in the middle of an append), move to metrics.discarded.jsonl: metrics.jsonl never holds a step twice.
   - Folders (checkpoints, final/) are written to a temporary folder and renamed into place: a crash leaves the old
@@ -44,14 +47,17 @@ import sys
 import time
 import warnings
 
-import torch
-
-from cegppo_utils import distributed as D
+from cegppo_utils import lazy
 from cegppo_utils.data import UserError, first_line
 
+# Loaded at their first use: train.py's command line reads a run's config.json and answers a finished or busy run
+# (below) before torch loads (cegppo_utils/lazy.py)
+torch = lazy.module("torch", globals())
+D = lazy.module("cegppo_utils.distributed", globals(), "D")
+
 # Flags that may change when a run is resumed: how long it runs and what it logs, not what it computes.
-RESUMABLE = {"max_steps", "save_every", "keep_checkpoints", "eval_every", "log_samples_every", "tensorboard", "wandb",
-             "run_name", "resume", "output_dir", "sampler", "gpu_memory_utilization"}
+RESUMABLE = {"max_steps", "save_every", "save_first", "keep_checkpoints", "eval_every", "log_samples_every",
+             "tensorboard", "wandb", "run_name", "resume", "output_dir", "sampler", "gpu_memory_utilization"}
 # Written by the run that created the folder: only a folder holding it (or an empty one) takes a new run.
 RUN_MARKER = ".ce-gppo-run"
 # What the run itself names a checkpoint: step_ and digits. Anything else in checkpoints/ is the user's, never touched.
@@ -78,6 +84,23 @@ def _program() -> str:
     """The script the user ran (train.py, evaluate.py, runfolder.py), for messages that name it."""
     name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     return name if name.endswith(".py") and name != "__main__.py" else "train.py"
+
+
+def resume_command(output_dir: str) -> str:
+    """The command that continues the run in output_dir, as this process was started: its python and train.py as
+    typed (under torchrun, its launch on one node). The run reads its own config.json, so no other flag is needed."""
+    import shlex
+    script = sys.argv[0] if sys.argv and os.path.basename(sys.argv[0]) == "train.py" else "train.py"
+    inside = os.path.abspath(sys.executable).startswith(os.getcwd() + os.sep)
+    python = os.path.relpath(sys.executable) if inside else sys.executable
+    world, local = os.environ.get("WORLD_SIZE", "1"), os.environ.get("LOCAL_WORLD_SIZE", "1")
+    if world == "1":
+        launch = f"{shlex.quote(python)} {shlex.quote(script)}"
+    elif world == local:  # one node
+        launch = f"torchrun --nproc-per-node={world} {shlex.quote(script)}"
+    else:
+        launch = f"torchrun <this run's launch flags> {shlex.quote(script)}"
+    return f"{launch} --resume {shlex.quote(output_dir)}"
 
 
 # --- starting: a new run, or a resume --------------------------------------------------------------
@@ -143,7 +166,7 @@ def check_output_folder(output_dir: str, resume: bool):
     traces = "metrics.jsonl" in names or "checkpoints" in names
     if not resume and (traces or found):
         raise UserError(f"{output_dir} holds a run ({'checkpoints' if found else 'metrics.jsonl'}): pass --resume to "
-                        "continue it, or choose another --output-dir")
+                        f"continue it ({resume_command(output_dir)}), or choose another --output-dir")
     if not names:
         return  # empty, or left by a run refused before it wrote anything (its .lock and marker)
     config = os.path.join(output_dir, "config.json")
@@ -283,11 +306,12 @@ class OutputLock:
 
 
 def lock_output_dir(output_dir: str, log=print, resume: bool = False) -> OutputLock:
-    """Take the output folder for this run (rank 0; call before anything is written there). A folder no run may write
-    into (check_output_folder) -> UserError before anything is created. Another live run or resume on the same folder
-    -> UserError at once, naming it; a lock left by a process that died is reported and taken over. Marks the folder
-    as a run's (RUN_MARKER)."""
+    """Take the output folder for this run (rank 0; call before anything is written there). Another live run or
+    resume on the same folder -> UserError at once, naming it, before anything else is said of the folder; a folder no
+    run may write into (check_output_folder) -> UserError before anything is created. A lock left by a process that
+    died is reported and taken over. Marks the folder as a run's (RUN_MARKER)."""
     import fcntl
+    check_not_in_use(output_dir)
     check_output_folder(output_dir, resume)
     flag = f"--output-dir {output_dir}"
     path = os.path.join(output_dir, ".lock")
@@ -328,6 +352,51 @@ def lock_output_dir(output_dir: str, log=print, resume: bool = False) -> OutputL
         lock.__exit__(type(e), e, None)
         raise
     return lock
+
+
+def check_not_in_use(output_dir: str):
+    """UserError naming the live run that holds output_dir's lock ("pid N on HOST, started T"), if one does. Only
+    reads: a lock that is missing, a link, or not a regular file is left to lock_output_dir to answer. (The probe
+    takes a shared lock for an instant; a run starting in that instant is told the folder is in use.)"""
+    import fcntl
+    path = os.path.join(output_dir, ".lock")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return
+    with os.fdopen(fd, "r") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return
+            holder = _lock_note(handle.read(4096))
+            raise UserError(f"--output-dir {output_dir} is in use by another run ({holder or 'holder unknown'}); "
+                            "wait for it to end, or choose another --output-dir") from None
+        fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def finished_step(output_dir: str, max_steps: int) -> int | None:
+    """The step the run in output_dir finished at, where it has nothing left to do (its newest checkpoint at max_steps
+    or later, and its final/ written); else None."""
+    found = checkpoint_dirs(output_dir)
+    if not found or step_of(found[-1]) < max_steps or not os.path.isdir(os.path.join(output_dir, "final")):
+        return None
+    return step_of(found[-1])
+
+
+def run_config_file(output_dir: str) -> str | None:
+    """output_dir/config.json where it is a run's (a regular file holding `flags`): what --resume reads the run's
+    settings from. None where it is missing, damaged or another kind of file (check_output_folder says which)."""
+    path = os.path.join(output_dir, "config.json")
+    try:
+        regular = stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return None
+    return path if regular and _run_config(path) == "run" else None
 
 
 def _identity(path):
@@ -579,20 +648,22 @@ def restore_row(metrics_path: str, row, log=print):
 
 
 def interrupted(output_dir: str, program: str = "train.py", how: str = "interrupted") -> str:
-    """The line a run stopped by Ctrl-C (or SIGTERM: how="terminated") ends with: what is kept, and how to go on."""
+    """The line a run stopped by Ctrl-C (or SIGTERM: how="terminated") ends with: what is kept, and the command that
+    goes on."""
     found = checkpoint_dirs(output_dir)
     if found:
-        return (f"{program}: {how}; the last checkpoint, {found[-1]}, is kept: pass --resume to continue from "
-                f"step {step_of(found[-1])}")
-    return f"{program}: {how} before the first checkpoint; --resume starts again from step 0"
+        return (f"{program}: {how}; the last checkpoint, {found[-1]}, is kept. Continue from step "
+                f"{step_of(found[-1])}: {resume_command(output_dir)}")
+    return f"{program}: {how} before the first checkpoint. Start again from step 0: {resume_command(output_dir)}"
 
 
 def kept_note(output_dir: str) -> str:
-    """What a run stopped by an error leaves to go on from: its last checkpoint, or none yet."""
+    """What a run stopped by an error leaves to go on from (its last checkpoint, or none yet), and the command."""
     found = checkpoint_dirs(output_dir)
     if found:
-        return f"the last checkpoint, {found[-1]}, is intact: --resume continues from step {step_of(found[-1])}"
-    return "no checkpoint was written yet: --resume starts again from step 0"
+        return (f"the last checkpoint, {found[-1]}, is intact. Continue from step {step_of(found[-1])}: "
+                f"{resume_command(output_dir)}")
+    return f"no checkpoint was written yet. Start again from step 0: {resume_command(output_dir)}"
 
 
 # --- folders written atomically ---------------------------------------------------------------------

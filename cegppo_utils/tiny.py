@@ -18,7 +18,9 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-import torch
+from cegppo_utils import lazy
+
+torch = lazy.module("torch", globals())  # imported at first use: the flags read the task names (lazy.py)
 
 # The pre-tokenizer split of Qwen2's tokenizer: single digits, words, punctuation runs, whitespace.
 QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""

@@ -510,3 +510,76 @@ def test_a_refused_parquet_file_leaves_no_reader_thread_running(tmp_path):
     assert [e.split(": ", 1)[1][:40] for e in errors] == ["not a readable parquet file (it does not",
                                                           "row 1: the answer is nan, which no respo",
                                                           "not a readable parquet file (it does not"], errors
+
+
+# --- answered before torch loads: flag errors, --help, config files ---------------------------------------
+
+def without_torch(tmp):
+    """An environment in which importing torch or transformers fails: a folder first on the path holding stand-ins
+    that raise. A command that answers from it never imported them."""
+    for name in ("torch", "transformers"):
+        os.makedirs(tmp / "stand-ins" / name, exist_ok=True)
+        write(tmp / "stand-ins" / name / "__init__.py", f"raise ImportError('{name} was imported')\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp / "stand-ins"), ROOT])}
+
+
+def test_flag_errors_and_help_are_answered_before_torch_loads(tmp_path):
+    """A mistyped flag, a bad value, --help and a broken config file, through train.py, evaluate.py and the tools that
+    read train.py's flags, with torch and transformers unimportable: each answers (exit 2, or 0 for --help) from
+    the flags alone. Their time on an idle core is in docs/training.md."""
+    env = without_torch(tmp_path)
+    indented = write(tmp_path / "indented.yaml", "lr: 1e-4\n  max_steps: 3\n")
+    commands = [
+        (["train.py", "--max-stepz", "3"], 2, "did you mean: --max-stepz -> --max-steps?"),
+        (["train.py", "--preset", "merge", "--lr", "-1"], 2, "--lr must be > 0 and at most 1"),
+        (["train.py", "--config", indented], 2, "line 2, column 12: mapping values are not allowed here"),
+        (["train.py", "--preset", "sums", "--help"], 0, "preset in effect: sums"),
+        (["evaluate.py", "--model", "tiny", "--k", "0"], 2, "--k must be >= 1"),
+        (["evaluate.py", "--help"], 0, "avg@k, pass@k and maj@k"),
+        (["-m", "tools.mechanism", "--output", "x.json", "--gen-promts", "4"], 2, "--gen-promts -> --gen-prompts"),
+        (["-m", "tools.mechanism", "--help"], 0, "The entropy mechanism, measured paired"),
+    ]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = list(pool.map(lambda c: subprocess.run([sys.executable, *c[0]], cwd=ROOT, capture_output=True, text=True,
+                                                      timeout=120, env=env), commands))
+    for (argv, code, text), result in zip(commands, done, strict=True):
+        said = result.stdout + result.stderr
+        assert result.returncode == code and text in said and "was imported" not in said, (argv, said[-2000:])
+
+
+def test_the_rollout_corrections_named_for_the_flags_are_correction_pys():
+    from cegppo_utils import correction, flags
+    assert flags.CORRECTION_MODES == correction.MODES and flags.ICEPOP_BAND == correction.ICEPOP_BAND
+
+
+def test_a_yaml_error_names_its_line(tmp_path, capsys):
+    """A YAML mistake is one line naming where it is: the line and column found, and where the block it broke
+    started when that is another line (an indentation error shows up below its cause)."""
+    from conftest import parse_train_args
+    for text, where in (("lr: 1e-4\n  max_steps: 3\n", "line 2, column 12: mapping values are not allowed here"),
+                        ("lr: 1e-4\nmax_steps:\n  - 3\n - 4\n", "line 4, column 2: expected <block end>, but found "
+                         "'<block sequence start>', while parsing a block mapping that starts on line 1"),
+                        ("lr: [1e-4, 2\n", "line 2, column 1: expected ',' or ']', but got '<stream end>', while "
+                                           "parsing a flow sequence that starts on line 1")):
+        path = write(tmp_path / "bad.yaml", text)
+        with pytest.raises(SystemExit) as stopped:
+            parse_train_args(["--config", path])
+        err = capsys.readouterr().err.strip()
+        assert stopped.value.code == 2 and len(err.splitlines()) == 1, err
+        assert err == f"train.py: error: --config {path}: not valid YAML ({where})", err
+
+
+def test_evaluate_help_says_each_default_once_and_results_go_to_runs_eval(tmp_path, monkeypatch, capsys):
+    import evaluate
+    with pytest.raises(SystemExit):
+        evaluate.parse_args(["--help"])
+    shown = capsys.readouterr().out
+    options = [o for o in shown.split("\n  --")[1:]]
+    assert len(options) >= 15 and all(o.count("(default") <= 1 for o in options), shown
+    assert "(default: None)" not in shown and "(default: 0.6)" in shown and "official validation: 0.6" not in shown
+    monkeypatch.chdir(tmp_path)
+    args = evaluate.parse_args(["--model", "runs/my run/final", "--benchmarks", "aime24,amc23"])
+    assert args.output == os.path.join("runs", "eval", "runs-my-run-final-aime24-amc23.json")
+    evaluate.check_output(args.output, default=args.output_is_default)  # its folder is made; not the repository root
+    assert os.path.isdir(tmp_path / "runs" / "eval") and not os.path.exists(tmp_path / "results.json")
+    assert evaluate.parse_args(["--model", "tiny", "--benchmarks", "arith"]).output == "runs/eval/tiny-arith.json"

@@ -200,7 +200,7 @@ def test_entropy_regions():
     logp = torch.log(torch.tensor([[0.9, 0.05, 0.9, 0.05]]))
     entropy = torch.full_like(logp, 1.0)  # -log 0.9 = 0.1 < 1 < -log 0.05 = 3.0
     adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
-    _, m = L.policy_loss(logp, logp, adv, torch.ones_like(logp), entropy=entropy)
+    _, m = L.policy_loss(logp, logp, adv, torch.ones_like(logp), extras=L.Extras(entropy=entropy))
     assert [m[f"entropy_region_e{k}"].item() for k in (1, 2, 3, 4)] == [0.25] * 4
 
 
@@ -210,7 +210,7 @@ def test_log_ratio_overflow_is_guarded():
     entropy = torch.tensor([[0.5, 1.0]])  # for ERC: H / H_old outside its band on one token
     for algo in L.ALGORITHMS:
         loss, m = L.policy_loss(logp, old_logp, torch.tensor([[-1.0]]), torch.ones(1, 2), L.loss_config(algo),
-                                entropy=entropy, old_entropy=torch.ones(1, 2))
+                                extras=L.Extras(entropy=entropy, old_entropy=torch.ones(1, 2)))
         loss.backward()
         assert torch.isfinite(loss) and torch.isfinite(logp.grad).all(), algo
         assert all(torch.isfinite(v) for v in m.values()), algo
@@ -244,7 +244,8 @@ def test_erc_stops_the_gradient_where_the_entropy_ratio_leaves_its_band(algo, ba
     old_entropy = torch.full_like(logp, 0.7)
     entropy = old_entropy * torch.tensor(entropy_ratios, dtype=torch.float64).unsqueeze(-1)
     entropy[:, 1:] = 3.0  # padding: far out of the band, never counted
-    loss, m = L.policy_loss(logp, old, adv, mask, L.loss_config(algo), entropy=entropy, old_entropy=old_entropy)
+    loss, m = L.policy_loss(logp, old, adv, mask, L.loss_config(algo),
+                              extras=L.Extras(entropy=entropy, old_entropy=old_entropy))
     loss.backward()
     got = logp.grad.clone()
     logp.grad = None
@@ -257,7 +258,7 @@ def test_erc_stops_the_gradient_where_the_entropy_ratio_leaves_its_band(algo, ba
     assert (got[:, 0][~out[:, 0]] != 0).sum() >= 3  # inside the band, where the base algorithm has one: a gradient
     assert m["erc_below_frac"].item() == pytest.approx(4 / 15) and m["erc_above_frac"].item() == pytest.approx(3 / 15)
     with pytest.raises(ValueError, match="needs the current and the old policy's per-token entropy"):
-        L.policy_loss(logp, old, adv, mask, L.loss_config(algo), entropy=entropy)
+        L.policy_loss(logp, old, adv, mask, L.loss_config(algo), extras=L.Extras(entropy=entropy))
 
 
 def test_dppo_masks_the_tokens_that_moved_too_far_in_the_advantages_direction():
@@ -374,13 +375,13 @@ def test_icepop_zeroes_the_weight_outside_its_band_with_any_loss():
     adv = torch.tensor([[1.0]], dtype=torch.float64)
     for algo in ("grpo", "m2po", "dppo_tv"):  # token losses: no gradient where the weight is 0
         logp = torch.full_like(rho, -0.9).requires_grad_(True)
-        L.policy_loss(logp, trainer, adv, mask, L.loss_config(algo), weights=weights)[0].backward()
+        L.policy_loss(logp, trainer, adv, mask, L.loss_config(algo), extras=L.Extras(weights=weights))[0].backward()
         assert (logp.grad[0, [0, 5]] == 0).all() and (logp.grad[0, 1:5] != 0).all(), algo
     # GMPO's one loss per response takes the weights' geometric mean (as verl's geo_mean): each zero scales the
     # response by 1e-10^(1 / |y|), here two of six tokens: 1e-10^(1/3)
     logp = torch.full_like(rho, -0.9)
     plain = L.policy_loss(logp, trainer, adv, mask, L.loss_config("gmpo"))[0]
-    weighted = L.policy_loss(logp, trainer, adv, mask, L.loss_config("gmpo"), weights=weights)[0]
+    weighted = L.policy_loss(logp, trainer, adv, mask, L.loss_config("gmpo"), extras=L.Extras(weights=weights))[0]
     geometric = math.exp((2 * math.log(1e-10) + math.log(0.6 * 1.0 * 4.0 * 4.9)) / 6)
     assert weighted.item() == pytest.approx(plain.item() * geometric, rel=1e-9)
     assert abs(weighted.item()) < abs(plain.item()) / 1000
@@ -412,7 +413,7 @@ def test_bad_arguments_are_rejected_with_a_message(kwargs, message):
     logp, old_logp, adv, mask = make_batch()
     with pytest.raises(ValueError, match=re.escape(message)):
         progress = kwargs.pop("progress", 0.0)
-        L.policy_loss(logp, old_logp, adv, mask, L.LossConfig(**kwargs), progress=progress)
+        L.policy_loss(logp, old_logp, adv, mask, L.LossConfig(**kwargs), extras=L.Extras(progress=progress))
 
 
 def test_bad_shapes_are_rejected():
@@ -493,7 +494,7 @@ def test_dynamic_clip_thresholds_follow_token_probability(algo):
     logp = torch.log(torch.tensor([[0.05, 0.9]], dtype=torch.float64)).requires_grad_(True)
     old_logp = logp.detach() - math.log(1.3)
     loss, m = L.policy_loss(logp, old_logp, torch.tensor([[1.0]], dtype=torch.float64), torch.ones(1, 2, dtype=torch.float64),
-                            L.loss_config(algo, beta2=0.5, dynamic_clip="id"), progress=0.0)
+                            L.loss_config(algo, beta2=0.5, dynamic_clip="id"), extras=L.Extras(progress=0.0))
     loss.backward()
     assert m["clip_frac_high_pos"].item() == pytest.approx(0.5)
     assert logp.grad[0, 0].item() == pytest.approx(-1.3 / 2)  # inside: weight d
@@ -608,7 +609,7 @@ def test_registry_reads_are_exactly_the_fields_that_move_the_loss(algo):
         # value) bit-identical, and its bounds move the value through which candidates the draw sees
         torch.manual_seed(0)
         x = logp.clone().requires_grad_(True)
-        loss = L.policy_loss(x, old_logp, adv, mask, cfg, entropy=entropy, old_entropy=old_entropy)[0]
+        loss = L.policy_loss(x, old_logp, adv, mask, cfg, extras=L.Extras(entropy=entropy, old_entropy=old_entropy))[0]
         loss.backward()
         return loss.item(), tuple(x.grad.flatten().tolist())
 
@@ -630,3 +631,49 @@ def test_registry_reads_are_exactly_the_fields_that_move_the_loss(algo):
             elif f.name not in reads and value(cfg) != want:
                 problems.append(f"{f.name} is not in reads, but {before!r} -> {other!r} moves the loss")
     assert not problems, f"{algo}: " + "; ".join(problems)
+
+
+# --- diagnostics that belong to the algorithm ------------------------------------------------------------
+
+REGIONS = {"clip_frac_low_neg", "clip_frac_high_pos", "clip_frac_low_pos", "clip_frac_high_neg"}
+SHARED = {"pg_loss", "approx_kl", "ratio_mean", "num_tokens", "entropy_region_e1", "entropy_region_e2",
+          "entropy_region_e3", "entropy_region_e4"}
+
+
+@pytest.mark.parametrize("algo", sorted(L.ALGORITHMS))
+def test_each_algorithm_reports_the_diagnostics_its_entry_names(algo):
+    """What policy_loss reports beside the shared metrics is what the registry names for the algorithm: the clip
+    regions only for a loss that judges tokens against the clip interval, its own metrics labelled; CE-GPPO's beta
+    region labels on CE-GPPO alone. Every region and own metric is present on a batch that lands in each region."""
+    logp, old_logp, adv, mask = make_batch(seed=4)
+    entropy = torch.rand(logp.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64) + 0.5
+    cfg = L.loss_config(algo, eps_low=0.5) if algo == "cispo" else L.loss_config(algo)  # CISPO's lower side in use
+    _, m = L.policy_loss(logp, old_logp, adv, mask, cfg, extras=L.Extras(entropy=entropy, old_entropy=entropy * 0.9))
+    named = {d.metric for d in L.diagnostics(algo)}
+    reported = set(m) - SHARED
+    assert reported <= named, f"{algo} reports {reported - named} without naming them"
+    assert (REGIONS <= reported) == bool(L.ALGORITHMS[algo].regions) and (REGIONS & reported in (set(), REGIONS))
+    missing = named - reported - {"dppo_truncated_frac"}  # DPPO's truncation needs clip_ratio_c > 0 (0 by default)
+    assert not missing, f"{algo} names {missing} but did not report them"
+    labels = " ".join(d.label for d in L.diagnostics(algo))
+    assert ("beta1 region" in labels) == (algo == "ce_gppo") and ("beta2 region" in labels) == (algo == "ce_gppo")
+    assert all(d.label and d.metric for d in L.diagnostics(algo)) and len(named) == len(L.diagnostics(algo))
+
+
+def test_a_loss_that_does_not_clip_tokens_reports_no_clip_regions():
+    logp, old_logp, adv, mask = make_batch()
+    unclipped = [a for a, spec in L.ALGORITHMS.items() if not spec.regions]
+    assert set(unclipped) == {"cispo", "gspo", "sapo", "kl_cov", "dppo_tv", "dppo_kl", "gmpo", "m2po"}
+    for algo in unclipped:
+        _, m = L.policy_loss(logp, old_logp, adv, mask, L.loss_config(algo))
+        assert not REGIONS & set(m), algo
+    # GSPO's clip acts on whole sequences: its own shares; its approx_kl is the token ratio's, as every loss's
+    _, m = L.policy_loss(logp, old_logp, adv, mask, L.loss_config("gspo"))
+    _, clip = L.policy_loss(logp, old_logp, adv, mask, L.loss_config("grpo"))
+    assert m["approx_kl"].item() == pytest.approx(clip["approx_kl"].item(), rel=1e-12)
+    # three sequences of 2 tokens: s = e^-0.1 with A < 0 (clipped below), e^0.1 with A > 0 (above), e^0.1 with A < 0
+    old = torch.full((3, 2), -1.0, dtype=torch.float64)
+    moved = (old + torch.tensor([[-0.1], [0.1], [0.1]], dtype=torch.float64)).requires_grad_(True)
+    adv = torch.tensor([[-1.0], [1.0], [-1.0]], dtype=torch.float64)
+    _, m = L.policy_loss(moved, old, adv, torch.ones(3, 2, dtype=torch.float64), L.loss_config("gspo"))
+    assert (m["gspo_clip_frac_low"].item(), m["gspo_clip_frac_high"].item()) == pytest.approx((1 / 3, 1 / 3))

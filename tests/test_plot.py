@@ -89,3 +89,35 @@ def test_run_summary_and_sample_line(tmp_path):
                              "completion": "x " * 200})
     assert line.startswith("[step 3 sample] reward +1, A +0.50: Compute 1 + 2. => x x") and line.endswith("...")
     assert len(line) <= 150
+
+
+def test_a_runs_panels_are_its_algorithms(tmp_path):
+    """curves.png draws the diagnostics of the run's own algorithm (its config.json): CE-GPPO's beta regions, PPO-clip's
+    clipped tokens, none of either for SAPO (which does not clip), M2PO's mask; runs of two algorithms side by side
+    get each one's label; a run without config.json gets the metric's name where algorithms disagree on it."""
+    rows = [{"step": 1, "reward_mean": 0.0, "entropy": 0.2, "clip_frac_low_neg": 0.01, "clip_frac_high_pos": 0.0,
+             "dual_clip_frac": 0.0, "m2po_masked_frac": 0.1, "response_length_mean": 20.0}]
+
+    def titles(*algos):
+        runs = {}
+        for algo in algos:
+            folder = tmp_path / f"{algo}-{len(list(tmp_path.iterdir()))}"
+            run = fake_run(folder, [0.0], [0.2], 0.5)
+            (folder / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n")
+            if algo != "unknown":
+                (folder / "config.json").write_text(json.dumps({"flags": {"algo": algo}}))
+            runs[run] = plot.run_algorithm(run)
+        data = {name: [plot.read_metrics(name)] for name in runs}
+        return dict(plot.available_panels(data, list(runs.values())))
+
+    ce = titles("ce_gppo")
+    assert ce["clip_frac_low_neg"].startswith("beta1 region") and ce["clip_frac_high_pos"].startswith("beta2 region")
+    assert "dual_clip_frac" in ce and "m2po_masked_frac" not in ce
+    grpo = titles("grpo")
+    assert grpo["clip_frac_low_neg"].startswith("clipped") and "beta" not in " ".join(grpo.values())
+    sapo = titles("sapo")
+    assert list(sapo) == ["entropy", "reward_mean", "response_length_mean"]  # no clip region, no beta
+    assert titles("m2po")["m2po_masked_frac"].startswith("masked") and "clip_frac_low_neg" not in titles("m2po")
+    both = titles("ce_gppo", "grpo")["clip_frac_low_neg"].splitlines()
+    assert both[0].startswith("ce_gppo: beta1 region") and both[1].startswith("grpo: clipped")
+    assert titles("unknown")["clip_frac_low_neg"] == "clip_frac_low_neg (what the loss does there depends on the algorithm)"

@@ -50,8 +50,8 @@ def ours(cfg, *, seed=None, ref=False, entropy_grad=False):
     entropy.requires_grad_(entropy_grad)
     if seed is not None:
         torch.manual_seed(seed)
-    loss, metrics = L.policy_loss(logp, logp.detach() if ref else old, adv, mask, cfg, entropy=entropy,
-                                  ref_logp=old if ref else None)
+    loss, metrics = L.policy_loss(logp, logp.detach() if ref else old, adv, mask, cfg,
+                                  extras=L.Extras(entropy=entropy, ref_logp=old if ref else None))
     loss.backward()
     return loss.item(), logp.grad, entropy.grad
 
@@ -100,7 +100,7 @@ def test_equals_verl(name):
     if seed == "ref":  # the KL term alone: A = 0 here makes the policy term 0 (TRL and verl add the two terms alike)
         logp, old, adv, mask, entropy = batch()
         logp.requires_grad_(True)
-        loss, m = L.policy_loss(logp, logp.detach(), adv * 0, mask, cfg, ref_logp=old)
+        loss, m = L.policy_loss(logp, logp.detach(), adv * 0, mask, cfg, extras=L.Extras(ref_logp=old))
         loss.backward()
         got = fingerprint(m["kl_loss"].item(), logp.grad)
     else:
@@ -311,7 +311,8 @@ def test_equals_the_comparison_references(name):
     if name.startswith("dppo"):
         logp, old = logp - 0.6, old - 0.6
     logp.requires_grad_(True)
-    value, _ = L.policy_loss(logp, old, adv, mask, cfg, entropy=entropy, old_entropy=comparison_extras()[0])
+    value, _ = L.policy_loss(logp, old, adv, mask, cfg,
+                             extras=L.Extras(entropy=entropy, old_entropy=comparison_extras()[0]))
     value.backward()
     assert fingerprint(value.item(), logp.grad) == pytest.approx(COMPARISON_NUMBERS[name], abs=1e-12, rel=relative)
 
@@ -342,6 +343,6 @@ def test_gmpo_with_icepop_equals_verl():
     logp, old, adv, mask, _ = batch()
     weights, _, _ = correction.importance_weights(old, comparison_extras()[1], mask, "token-icepop", 2.0)
     logp.requires_grad_(True)
-    value, _ = L.policy_loss(logp, old, adv, mask, L.loss_config("gmpo"), weights=weights)
+    value, _ = L.policy_loss(logp, old, adv, mask, L.loss_config("gmpo"), extras=L.Extras(weights=weights))
     value.backward()
     assert fingerprint(value.item(), logp.grad) == pytest.approx(COMPARISON_NUMBERS["gmpo_icepop"], abs=1e-14, rel=1e-7)

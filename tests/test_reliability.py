@@ -302,13 +302,13 @@ def test_the_nan_stop_says_whether_a_checkpoint_exists(tmp_path, monkeypatch, ca
     monkeypatch.setattr(train, "main", nan_step)
     with pytest.raises(SystemExit) as stopped:
         train.run(["--output-dir", str(tmp_path / "run")])
-    assert str(stopped.value) == ("train.py: step 3: the loss is nan; stopping; no checkpoint was written yet: --resume "
-                                  "starts again from step 0")
+    assert str(stopped.value) == ("train.py: step 3: the loss is nan; stopping; no checkpoint was written yet. Start again "
+                                  f"from step 0: {RF.resume_command(str(tmp_path / 'run'))}")
     fake_checkpoint(tmp_path / "run" / "checkpoints" / "step_000002")
     with pytest.raises(SystemExit) as stopped:
         train.run(["--output-dir", str(tmp_path / "run"), "--resume"])
     assert str(stopped.value).endswith(f"stopping; the last checkpoint, {tmp_path}/run/checkpoints/step_000002, is "
-                                       "intact: --resume continues from step 2")
+                                       f"intact. Continue from step 2: {RF.resume_command(str(tmp_path / 'run'))}")
 
 
 def config_error(path, capsys):

@@ -4,6 +4,7 @@ a full disk."""
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import torch
 from conftest import ROOT, parse_train_args
 from test_train import SMALL, final_state, read_metrics
 
-from cegppo_utils import runfolder
+from cegppo_utils import flags, runfolder
 
 FAST = SMALL + ["--sampler", "hf", "--max-steps", "3", "--save-every", "2"]  # checkpoints at steps 2 and 3
 
@@ -107,7 +108,7 @@ def test_another_runs_checkpoints_are_never_used(tmp_path, finished_run):
     fresh = train(tmp_path, expect=2)  # a new run refuses a folder with checkpoints
     assert "holds a run (checkpoints): pass --resume" in fresh.stderr
     other = train(tmp_path, "--resume", "--seed", "1", "--lr", "2e-4", expect=2)
-    assert "--seed 0 there, 1 now" in other.stderr and "--lr 0.0001 there, 0.0002 now" in other.stderr
+    assert "--seed 1 (the run's: 0), --lr 0.0002 (the run's: 0.0001)" in other.stderr
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]  # untouched
     longer = train(tmp_path, "--resume", "--max-steps", "4")  # what may change on resume: how long it runs
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4] and "resumed from" in longer.stdout
@@ -370,31 +371,36 @@ def test_a_planted_object_in_a_checkpoint_shard_is_refused_without_running(tmp_p
 
 
 @pytest.mark.slow
-def test_ctrl_c_ends_in_one_line_and_resume_is_exact(tmp_path, finished_run):
-    """SIGINT while step 3 samples (after the checkpoint of step 2): one line naming that checkpoint, exit 1, no
-    traceback; --resume then ends where the uninterrupted run did."""
+def test_ctrl_c_ends_in_the_command_that_resumes_exactly_from_the_early_checkpoint(tmp_path, finished_run):
+    """SIGINT while step 3 samples, with checkpoints every 25 steps but the first at step 2 (--save-first): one line
+    naming that checkpoint and the command that goes on, exit 1, no traceback; that command, as printed, then ends
+    where the uninterrupted run did."""
     out = tmp_path / "run"
-    stopped = train(out, interrupt_at="sampling:3", expect=1)
+    stopped = train(out, "--save-every", "25", "--save-first", "2", interrupt_at="sampling:3", expect=1)
     lines = [line for line in stopped.stderr.splitlines() if line.strip() and not line.startswith("train:")]
     assert "Traceback" not in stopped.stderr and lines[-1].startswith("train.py: interrupted; the last checkpoint, ")
-    assert lines[-1].endswith("step_000002, is kept: pass --resume to continue from step 2")
+    command = lines[-1].split("is kept. Continue from step 2: ")[1]
+    assert command == f".venv/bin/python train.py --resume {out}", lines[-1]
     assert open(out / ".lock").read() == ""  # released
-    train(out, "--resume")
+    resumed = subprocess.run(shlex.split(command), cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stderr[-3000:]
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
     same_parameters(final_state(finished_run), final_state(out))
+    assert [os.path.basename(c) for c in runfolder.checkpoint_dirs(str(out))] == ["step_000002", "step_000003"]
 
 
 @pytest.mark.slow
 def test_sigterm_ends_like_ctrl_c_and_resume_goes_on(tmp_path):
-    """SIGTERM (kill, a scheduler's preemption) while step 3 samples: one line naming the checkpoint kept, exit 1 (it
-    was exit 143 and nothing said), the lock released; --resume then finishes the run."""
+    """SIGTERM (kill, a scheduler's preemption) while step 3 samples: one line naming the checkpoint kept and the
+    command that goes on, exit 1 (it was exit 143 and nothing said), the lock released; --resume then finishes the
+    run."""
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "train.py", *FAST, "--output-dir", str(out)], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "TRAIN_TERMINATE_AT": "sampling:3"})
     lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("train:")]
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert lines[-1] == (f"train.py: terminated (SIGTERM); the last checkpoint, {out}/checkpoints/step_000002, is kept: "
-                         "pass --resume to continue from step 2")
+    assert lines[-1] == (f"train.py: terminated (SIGTERM); the last checkpoint, {out}/checkpoints/step_000002, is kept. "
+                         f"Continue from step 2: .venv/bin/python train.py --resume {out}")
     assert open(out / ".lock").read() == ""  # released
     train(out, "--resume")
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
@@ -416,3 +422,119 @@ def test_a_second_run_on_a_busy_folder_is_refused_at_once(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+# --- resume in one command: the run's own settings, a finished or busy run answered first ----------------------
+
+def recorded_run(folder, argv, steps=(), final=False):
+    """A run folder as train.py leaves it, without training: config.json with the flags of `argv` (as begin() writes
+    it), the marker, a metrics row, and checkpoint folders at `steps` (empty: only their names are read here)."""
+    args = parse_train_args([*argv, "--output-dir", str(folder)])
+    os.makedirs(folder / "checkpoints", exist_ok=True)
+    flags_ = {k: v for k, v in flags.flat_flags(args).items() if k != "resume"}
+    (folder / "config.json").write_text(json.dumps({"preset": args.preset, "command": ["train.py"], "flags": flags_}))
+    (folder / runfolder.RUN_MARKER).write_text("{}")
+    (folder / "metrics.jsonl").write_text('{"step": 1}\n')
+    for step in steps:
+        os.makedirs(folder / "checkpoints" / f"step_{step:06d}")
+    if final:
+        os.makedirs(folder / "final")
+    return args
+
+
+def refusal(argv, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        parse_train_args(argv)
+    err = capsys.readouterr().err.strip()
+    assert stopped.value.code == 2 and len(err.splitlines()) == 1, err
+    return err
+
+
+def test_resume_reads_the_runs_own_settings_and_refuses_only_what_was_typed(tmp_path, capsys):
+    run = tmp_path / "run"
+    started = recorded_run(run, ["--preset", "merge", "--gen-prompts", "4", "--lr", "3e-4", "--seed", "3"], steps=[5])
+    for argv in (["--resume", str(run)], [f"--resume={run}"], ["--resume", "--output-dir", str(run)],
+                 ["--output-dir", str(run), "--resume", "--lr", "3e-4"]):  # the run's own value may be typed
+        resumed = parse_train_args(argv)
+        assert flags.flat_flags(resumed) == {**flags.flat_flags(started), "resume": True}, argv
+        assert resumed.preset == "merge" and resumed.mini_batch_prompts == 1  # derived when it started, not now
+    longer = parse_train_args(["--resume", str(run), "--max-steps", "300", "--eval-every", "10", "--save-every", "7"])
+    assert (longer.max_steps, longer.eval_every, longer.save_every, longer.lr) == (300, 10, 7, 3e-4)
+    shutil.copytree(run, tmp_path / "moved")  # a folder moved since: it goes on where it is now
+    assert parse_train_args(["--resume", str(tmp_path / "moved")]).output_dir == str(tmp_path / "moved")
+    err = refusal(["--resume", str(run), "--seed", "4", "--gen-prompts", "8", "--max-steps", "300"], capsys)
+    assert f"--resume {run}: --seed 4 (the run's: 3), --gen-prompts 8 (the run's: 4); a run resumes with its own " \
+           "settings" in err
+    assert "--max-steps" not in err.split("may change")[0] and "mini-batch" not in err  # only what was typed, and differs
+    assert "--preset 'tiny' (the run's: 'merge')" in refusal(["--resume", str(run), "--preset", "tiny"], capsys)
+    assert "name two folders" in refusal(["--resume", str(run), "--output-dir", str(tmp_path / "other")], capsys)
+
+
+def test_a_finished_run_is_answered_before_torch_loads(tmp_path):
+    """--resume on a run whose last checkpoint is its last step and whose final/ is written: exit 0 and one line
+    ("finished at step N; nothing to resume", the command that trains on), from the flags alone: torch and transformers
+    cannot even be imported here. With a larger --max-steps it goes on (and so reaches for torch)."""
+    from test_bad_input import without_torch
+    run = tmp_path / "run"
+    recorded_run(run, ["--max-steps", "4"], steps=[2, 4], final=True)
+    env = without_torch(tmp_path)
+    done = subprocess.run([sys.executable, "train.py", "--resume", str(run)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout == (f"train.py: {run} finished at step 4; nothing to resume. Its policy is in {run}/final; to "
+                           f"train on, raise --max-steps: .venv/bin/python train.py --resume {run} --max-steps N (N > 4)\n")
+    on = subprocess.run([sys.executable, "train.py", "--resume", str(run), "--max-steps", "6"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120, env=env)
+    assert on.returncode != 0 and "torch was imported" in on.stderr  # past the answers, into the run's imports
+
+
+HOLD_RUN = """
+import time
+from cegppo_utils import runfolder
+lock = runfolder.lock_output_dir({folder!r}, resume=True)
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_live_runs_folder_is_answered_in_use_first(tmp_path, capsys):
+    """A folder that holds a run which another process is running: a new run on it and a resume of it are both told
+    it is in use, by which pid (before "holds a run: pass --resume"); the resume before torch loads."""
+    from test_bad_input import run_train_in_process, without_torch
+    run = tmp_path / "run"
+    recorded_run(run, [], steps=[5])
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_RUN.format(folder=str(run))], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        in_use = f"--output-dir {run} is in use by another run (pid {holder.pid} on "
+        code, err = run_train_in_process(["train.py", "--output-dir", str(run), "--max-steps", "2"], capsys)
+        assert code == 2 and in_use in err and "holds a run" not in err, err
+        resumed = subprocess.run([sys.executable, "train.py", "--resume", str(run)], cwd=ROOT, capture_output=True,
+                                 text=True, timeout=120, env=without_torch(tmp_path))
+        assert resumed.returncode == 2 and resumed.stderr.startswith(f"train.py: error: {in_use}"), resumed.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_every_stop_message_ends_in_the_command_that_goes_on(tmp_path, monkeypatch):
+    """Ctrl-C, SIGTERM and an error name what is kept and the exact command that continues: this python and train.py
+    as typed, the folder quoted for a shell (under torchrun on one node: its launch)."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", ["train.py", "--max-steps", "9"])
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    run = tmp_path / "my run"
+    command = f".venv/bin/python train.py --resume '{run}'"
+    assert runfolder.resume_command(str(run)) == command
+    assert runfolder.interrupted(str(run)) == f"train.py: interrupted before the first checkpoint. Start again from " \
+                                              f"step 0: {command}"
+    assert runfolder.kept_note(str(run)) == f"no checkpoint was written yet. Start again from step 0: {command}"
+    os.makedirs(run / "checkpoints" / "step_000005")
+    assert runfolder.interrupted(str(run), how="terminated (SIGTERM)") == (
+        f"train.py: terminated (SIGTERM); the last checkpoint, {run}/checkpoints/step_000005, is kept. Continue from "
+        f"step 5: {command}")
+    assert runfolder.kept_note(str(run)).endswith(f"is intact. Continue from step 5: {command}")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert runfolder.resume_command(str(run)) == f"torchrun --nproc-per-node=2 train.py --resume '{run}'"

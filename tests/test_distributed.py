@@ -109,10 +109,11 @@ def test_two_ranks_update_like_one_process(tmp_path, tiny_model_path):
                                                           ("packed", ones, 40))]:
         moved = max((one["params"][k] - start[k]).abs().max().item() for k in start)
         assert moved > 1e-3, algo  # the update did something
-        # float32 rounding, in another summation order, carried through two SGD steps at lr 1: measured at most
-        # 4.2e-7 x the largest move across ranks and 6.3e-6 x packed (AVX2 and ATEN_CPU_CAPABILITY=default kernels).
-        # A wrong reduction (a mean over ranks, a per-rank token mean) moves parameters by a sizeable part of the move.
-        atol = (3e-5 if packed else 3e-6) * moved
+        # float32 rounding in another summation order, grown through two SGD steps at lr 1 (moves of 2-11): measured
+        # at most 1.0e-6 x the largest move across ranks and 5.0e-5 x with packed rows, varying from run to run
+        # (AVX2, and the warm start built and run under ATEN_CPU_CAPABILITY=default). A wrong reduction (a mean over
+        # ranks, a per-rank token mean) is off by a sizeable part of the move.
+        atol = (2e-4 if packed else 2e-5) * moved
         for k in start:
             torch.testing.assert_close(two["params"][k], one["params"][k], rtol=1e-4, atol=atol, msg=lambda m: f"{algo} {k}: {m}")
         assert one["metrics"].keys() == two["metrics"].keys()

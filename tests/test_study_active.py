@@ -136,3 +136,21 @@ def test_the_arms_table_counts_idle_steps_and_collapsed_runs():
     assert "| 50.0 | 15.0 | 5.0 | 1 of 1 |" in row["ce_gppo_0.5_1"]
     assert ("| 0.1000 [0.1000, 0.1000] | 1.00 / 0.50 | 0.0 | 80.0 [80.0, 80.0] | 80.0 [80.0, 80.0] | 0 of 2 |"
             in row["grpo"])
+
+
+def test_the_report_is_written_whole_and_never_through_a_link(tmp_path):
+    """report() writes its tables from the JSON alone; a link planted at a table's name is replaced, its target kept."""
+    import json
+    import os
+    study = {"grpo": {s: run(steps=200, evals=GOOD) for s in "012"}, "_warm_start": {"sha256": "be4a413e32125925"}}
+    path, figures = tmp_path / "study.json", tmp_path / "figures"
+    path.write_text(json.dumps(study))
+    figures.mkdir()
+    outside = tmp_path / "mine.md"
+    outside.write_text("a user's file\n")
+    os.symlink(outside, figures / "verdicts.md")
+    A.report(str(path), str(figures))
+    assert outside.read_text() == "a user's file\n"
+    assert not (figures / "verdicts.md").is_symlink() and "**The betas" in (figures / "verdicts.md").read_text()
+    assert {"regime.md", "sizing.md", "arms.md", "readings.json", "entropy.png"} <= set(os.listdir(figures))
+    assert json.loads((figures / "readings.json").read_text())["chosen"] is None  # no grid run: no regime chosen

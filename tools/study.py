@@ -39,6 +39,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
+from cegppo_utils import runfolder
 from tools.configs import CONFIGS, STUDY_DEFAULT
 from tools.stats import holm, logit_mean_ci, mean_ci, min_detectable, paired_power, t_test_p
 
@@ -319,9 +320,7 @@ def collect(path: str, root: str, names, seeds, log=print, warm_start: str | Non
                 changed = True
     if changed:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            json.dump(study, f)
-        os.replace(path + ".tmp", path)
+        runfolder.write_text_atomically(path, json.dumps(study))  # never through a link planted at a fixed name
     return study
 
 
@@ -985,17 +984,14 @@ def main():
         table += f"\n\nNot finished (left out above): {', '.join(unfinished)}."
     if missing:
         table += (f"\n\nPlanned evaluations missing (their runs' best avg@k is over the others): {'; '.join(missing)}.")
-    with open(os.path.join(figures, "table1.md"), "w") as f:
-        f.write(table + "\n")
+    runfolder.write_text_atomically(os.path.join(figures, "table1.md"), table + "\n")
     mechanism_path = args.mechanism or os.path.join(ROOT, "docs", "figures", f"mechanism-{args.preset}-warm.json")
     mechanism = json.load(open(mechanism_path)) if os.path.exists(mechanism_path) else None
-    with open(os.path.join(figures, "verdicts.md"), "w") as f:
-        f.write(verdicts(finished, mechanism) + "\n")
+    runfolder.write_text_atomically(os.path.join(figures, "verdicts.md"), verdicts(finished, mechanism) + "\n")
     written = draw_figures(finished, figures)  # means over whole runs only
     text, data = detectability(finished)
     if text:
-        with open(os.path.join(figures, "detectability.md"), "w") as f:
-            f.write(text + "\n")
+        runfolder.write_text_atomically(os.path.join(figures, "detectability.md"), text + "\n")
         written.append(draw_detectability(data, os.path.join(figures, "detectability.png")))
     print(table)
     print(f"[study] total {time.time() - start:.0f}s; table and figures in {figures}: {', '.join(map(os.path.basename, written))}")

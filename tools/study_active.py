@@ -9,6 +9,7 @@ p-value, minimum detectable effect and verdict. Each part reads only what exists
 """
 
 import argparse
+import glob
 import json
 import math
 import os
@@ -21,6 +22,35 @@ from tools.study import ROOT, configurations, load_study, para
 JSON = os.path.join(ROOT, "docs", "figures", "study-merge-active.json")
 FIGURES = os.path.join(ROOT, "docs", "figures", "study-merge-active")
 REGIONS = ("clip_frac_low_neg", "clip_frac_high_pos", "clip_frac_low_pos", "clip_frac_high_neg")
+
+# --- blocks: one per warm start (the protocol's amendment of 2026-11-26) ----------------------------------------
+
+
+def block_paths(json_path: str) -> list[str]:
+    """Block A's JSON, then the further blocks' beside it (`<name>-b.json`, `-c.json`, ...), one per warm start."""
+    return [json_path] + sorted(glob.glob(json_path[:-len(".json")] + "-[b-z].json"))
+
+
+def merge_blocks(blocks: list[dict]) -> dict:
+    """One study from its blocks: block A as it is, a later block's seeds named with its letter ("B3"), so runs pair
+    only within a block. "_blocks" records each block's warm-start hash."""
+    study = {name: dict(runs) if not name.startswith("_") else runs for name, runs in blocks[0].items()}
+    study["_blocks"] = {"A": blocks[0].get("_warm_start", {}).get("sha256")}
+    for letter, block in zip("BCDEFGHIJ", blocks[1:]):
+        study["_blocks"][letter] = block.get("_warm_start", {}).get("sha256")
+        for name, runs in configurations(block).items():
+            study.setdefault(name, {}).update({f"{letter}{s}": run for s, run in runs.items()})
+    return study
+
+
+def block_of(seed: str) -> str:
+    return "A" if seed[0].isdigit() else seed[0]
+
+
+def seed_order(seed: str) -> tuple:
+    """Block A's seeds first, each block's by number."""
+    return (block_of(seed), int(seed.lstrip("ABCDEFGHIJ")))
+
 
 # --- stage 1: the regime ------------------------------------------------------------------------------------------
 
@@ -202,27 +232,30 @@ def sizing_report(size: dict | None, chosen: dict | None) -> str:
 
 
 def paired_by_seed(study, a, b, value) -> dict:
-    """{seed: a - b} of a per-run number, on the seeds where both have it, in seed order."""
+    """{seed: a - b} of a per-run number, on the seeds where both have it, in seed order. A seed names one block's
+    run ("3" in block A, "B3" in block B), so a pair never spans two warm starts."""
     out = {}
-    for s in sorted((s for s in study.get(a, {}) if s in study.get(b, {})), key=int):
+    for s in sorted((s for s in study.get(a, {}) if s in study.get(b, {})), key=seed_order):
         x, y = value(study[a][s]), value(study[b][s])
         if x is not None and y is not None:
             out[s] = x - y
     return out
 
 
-def paired_values(study, a, b, value) -> list[float]:
-    return list(paired_by_seed(study, a, b, value).values())
-
-
-def contrast(label, values, want) -> dict:
-    """One paired comparison: n, mean, 95% interval, p, the minimum detectable effect from its own SD."""
+def contrast(label, pairs: dict, want) -> dict:
+    """One paired comparison over {seed: difference}, the blocks pooled: n, mean, 95% interval, p, the minimum
+    detectable effect from its own SD, and each block's mean (shown, not judged)."""
+    values = list(pairs.values())
+    by_block = {}
+    for s, v in pairs.items():
+        by_block.setdefault(block_of(s), []).append(v)
     if len(values) < 2:
         return {"label": label, "n": len(values), "want": want}
     mean, (lo, hi) = mean_ci(values)
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
     return {"label": label, "n": len(values), "mean": mean, "ci": [lo, hi], "p": t_test_p(values), "want": want,
-            "mde": min_detectable(sd, len(values)) if sd > 0 else 0.0}
+            "mde": min_detectable(sd, len(values)) if sd > 0 else 0.0,
+            "blocks": {b: [len(v), sum(v) / len(v)] for b, v in sorted(by_block.items())}}
 
 
 def read(c: dict) -> str:
@@ -251,11 +284,11 @@ def diff_window(first, last):
     return lambda run: window(run, "entropy", first, last)
 
 
-def od_recovery(study, name) -> tuple[list[float], list[str]]:
-    """Per seed: D over the 10 steps after the run's first switch to state 1 minus D over the 10 steps before it (D: the
+def od_recovery(study, name) -> tuple[dict, list[str]]:
+    """{seed: D over the 10 steps after the run's first switch to state 1 minus D over the 10 steps before it} (D: the
     schedule's entropy minus GRPO's on the same seed), and the seeds that never switched."""
-    values, never = [], []
-    for s, run in sorted(study.get(name, {}).items(), key=lambda kv: int(kv[0])):
+    values, never = {}, []
+    for s, run in sorted(study.get(name, {}).items(), key=lambda kv: seed_order(kv[0])):
         base = study.get("grpo", {}).get(s)
         switch = next((r["step"] for r in step_rows(run) if r.get("od_state") == 1), None)
         if switch is None:
@@ -267,7 +300,7 @@ def od_recovery(study, name) -> tuple[list[float], list[str]]:
                                                                          (max(1, switch - 9), switch))
                    for r in (run, base)]
         if None not in windows:  # steps with no trained group log no entropy
-            values.append((windows[0] - windows[1]) - (windows[2] - windows[3]))
+            values[s] = (windows[0] - windows[1]) - (windows[2] - windows[3])
     return values, never
 
 
@@ -281,42 +314,42 @@ def accuracy_endpoint(run):
 def claims(study: dict) -> dict:
     """Every contrast of the protocol, by family, with Holm applied within each family."""
     betas = [contrast("1: larger beta1 lowers entropy: (1, 1) - (0, 1)",
-                      paired_values(study, "ce_gppo_1_1", "ce_gppo_0_1", mean_entropy), "below"),
+                      paired_by_seed(study, "ce_gppo_1_1", "ce_gppo_0_1", mean_entropy), "below"),
              contrast("2: larger beta2 raises entropy: (1, 1) - (1, 0.5)",
-                      paired_values(study, "ce_gppo_1_1", "ce_gppo_1_0.5", mean_entropy), "above")]
+                      paired_by_seed(study, "ce_gppo_1_1", "ce_gppo_1_0.5", mean_entropy), "above")]
     betas += [contrast(f"3: (1, 0.5) falls fastest: (1, 0.5) - {b}",
-                       paired_values(study, "ce_gppo_1_0.5", b, mean_entropy), "below")
+                       paired_by_seed(study, "ce_gppo_1_0.5", b, mean_entropy), "below")
               for b in ("ce_gppo_0_1", "ce_gppo_0.5_1", "ce_gppo_1_1", "grpo")]
     betas += [contrast(f"4: (0.5, 1) stays highest: (0.5, 1) - {b}",
-                       paired_values(study, "ce_gppo_0.5_1", b, mean_entropy), "above")
+                       paired_by_seed(study, "ce_gppo_0.5_1", b, mean_entropy), "above")
               for b in ("ce_gppo_0_1", "ce_gppo_1_1", "ce_gppo_1_0.5")]
     dynamic = []
     for name in ("grpo_dyn_id", "grpo_dyn_did", "grpo_dyn_od_h0.5", "grpo_dyn_od"):
         dynamic.append(contrast(f"{name} keeps entropy higher: D(1-200)",
-                                paired_values(study, name, "grpo", mean_entropy), "above"))
+                                paired_by_seed(study, name, "grpo", mean_entropy), "above"))
     dynamic += [contrast("grpo_dyn_id rises: D(1-100)",
-                         paired_values(study, "grpo_dyn_id", "grpo", diff_window(1, 100)), "above"),
+                         paired_by_seed(study, "grpo_dyn_id", "grpo", diff_window(1, 100)), "above"),
                 contrast("grpo_dyn_id then falls: D(101-200)",
-                         paired_values(study, "grpo_dyn_id", "grpo", diff_window(101, 200)), "below")]
+                         paired_by_seed(study, "grpo_dyn_id", "grpo", diff_window(101, 200)), "below")]
     did = study.get("grpo_dyn_did", {})
-    own_fall = [window(r, "entropy", 41, 50) - window(r, "entropy", 1, 10) for r in did.values()
-                if window(r, "entropy", 41, 50) is not None and window(r, "entropy", 1, 10) is not None]
+    own_fall = {s: window(r, "entropy", 41, 50) - window(r, "entropy", 1, 10) for s, r in did.items()
+                if window(r, "entropy", 41, 50) is not None and window(r, "entropy", 1, 10) is not None}
     d = {w: paired_by_seed(study, "grpo_dyn_did", "grpo", diff_window(*w)) for w in ((1, 50), (51, 100), (151, 200))}
     seeds = [s for s in d[(1, 50)] if s in d[(51, 100)] and s in d[(151, 200)]]
     dynamic += [contrast("grpo_dyn_did falls first: its steps 41-50 - 1-10", own_fall, "below"),
-                contrast("grpo_dyn_did recovers: D(51-100) - D(1-50)", [d[(51, 100)][s] - d[(1, 50)][s] for s in seeds],
-                         "above"),
+                contrast("grpo_dyn_did recovers: D(51-100) - D(1-50)",
+                         {s: d[(51, 100)][s] - d[(1, 50)][s] for s in seeds}, "above"),
                 contrast("grpo_dyn_did falls again: D(151-200) - D(51-100)",
-                         [d[(151, 200)][s] - d[(51, 100)][s] for s in seeds], "below")]
+                         {s: d[(151, 200)][s] - d[(51, 100)][s] for s in seeds}, "below")]
     switches = {}
     for name in ("grpo_dyn_od_h0.5", "grpo_dyn_od"):
         values, never = od_recovery(study, name)
         switches[name] = never
         dynamic.append(contrast(f"{name} recovers after its first switch: D(10 after) - D(10 before)", values, "above"))
     accuracy = [contrast(f"(0.5, 1) - {b}, mean avg@8 steps 100-200",
-                         paired_values(study, "ce_gppo_0.5_1", b, accuracy_endpoint), "above")
+                         paired_by_seed(study, "ce_gppo_0.5_1", b, accuracy_endpoint), "above")
                 for b in ("grpo", "dapo")]
-    keeps = [contrast(f"{n} - grpo, mean avg@8 steps 100-200", paired_values(study, n, "grpo", accuracy_endpoint),
+    keeps = [contrast(f"{n} - grpo, mean avg@8 steps 100-200", paired_by_seed(study, n, "grpo", accuracy_endpoint),
                       "not below") for n in ("grpo_dyn_id", "grpo_dyn_did", "grpo_dyn_od_h0.5", "grpo_dyn_od")]
     return {"betas": with_holm(betas), "dynamic": with_holm(dynamic), "accuracy": with_holm(accuracy),
             "keeps_accuracy": keeps, "od_never_switched": switches}
@@ -329,16 +362,17 @@ def verdicts_report(study: dict) -> str:
                                 ("dynamic", "Dynamic clipping against GRPO (entropy, nats; Holm over the family)", 1.0),
                                 ("accuracy", "Accuracy (avg@8 points; Holm over 2)", 100.0),
                                 ("keeps_accuracy", "Dynamic clipping: without losing accuracy (avg@8 points)", 100.0)):
-        lines += ["", f"**{title}**", "", "| claim | seeds | estimate [95% CI] | p (Holm) | MDE | verdict |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["", f"**{title}**", "", "| claim | seeds | estimate [95% CI] | p (Holm) | MDE | verdict | per block "
+                  "(seeds: mean) |", "|---|---|---|---|---|---|---|"]
         fmt = (lambda x: f"{x:+.4f}") if unit == 1.0 else (lambda x: f"{100 * x:+.1f}")
         for c in result[family]:
             if "mean" not in c:
-                lines.append(f"| {c['label']} | {c['n']} | n/a | | | fewer than 2 seeds |")
+                lines.append(f"| {c['label']} | {c['n']} | n/a | | | fewer than 2 seeds | |")
                 continue
             holm_text = "" if "holm" not in c else (" (survives)" if c["holm"] else " (does not survive)")
+            blocks = "; ".join(f"{b} ({n}): {fmt(m)}" for b, (n, m) in c["blocks"].items())
             lines.append(f"| {c['label']} | {c['n']} | {fmt(c['mean'])} [{fmt(c['ci'][0])}, {fmt(c['ci'][1])}] | "
-                         f"{c['p']:.3f}{holm_text} | {fmt(c['mde']).lstrip('+')} | {read(c)} |")
+                         f"{c['p']:.3f}{holm_text} | {fmt(c['mde']).lstrip('+')} | {read(c)} | {blocks} |")
     never = {n: s for n, s in result["od_never_switched"].items() if s}
     if never:
         lines += ["", "OD runs that never switched to state 1 (OD is not exercised there): " +
@@ -419,6 +453,19 @@ def draw_entropy(study: dict, path: str, window_steps: int = 5) -> str | None:
     return path
 
 
+def blocks_note(study: dict) -> str:
+    """Which warm start and CPU each block's runs had."""
+    parts = []
+    for letter, sha in study["_blocks"].items():
+        runs = [r for name, runs in configurations(study).items() if name not in REGIME_GRID
+                for s, r in runs.items() if block_of(s) == letter]
+        cpus = sorted({h.get("cpu", "?") for r in runs for h in r.get("hardware") or []})
+        parts.append(f"block {letter}: warm start `{sha}`, {len(runs)} arm runs, CPU {', '.join(cpus) or 'n/a'}")
+    return para("Runs pair within a block (the same seed and warm start; seeds of block B onwards carry its letter); "
+                "the pairs of all blocks form one sample (docs/study-protocol-active.md, amendment of 2026-11-26). "
+                + "; ".join(parts) + ".")
+
+
 def finished(study: dict, steps: int = 200) -> dict:
     """The arms' runs that reached `steps` (a run still going is recorded with what it has logged so far)."""
     done = {name: {s: r for s, r in runs.items() if r["steps_done"] >= steps}
@@ -428,7 +475,7 @@ def finished(study: dict, steps: int = 200) -> dict:
 
 def report(json_path: str = JSON, figures: str = FIGURES) -> None:
     """Every table of the second study, and its figure, from its JSON (tools/study.py calls this for merge-active)."""
-    study = load_study(json_path)
+    study = merge_blocks([load_study(path) for path in block_paths(json_path)])
     rows, chosen, _ = choose_regime(study)
     size = sizing(study, chosen)
     arms = finished(study)
@@ -436,8 +483,8 @@ def report(json_path: str = JSON, figures: str = FIGURES) -> None:
                      if name not in REGIME_GRID for s, r in runs.items() if r["steps_done"] < 200)
     os.makedirs(figures, exist_ok=True)
     texts = {"regime.md": regime_report(study), "sizing.md": sizing_report(size, chosen), "arms.md": arms_report(arms),
-             "verdicts.md": verdicts_report(arms) + (f"\n\nNot finished (left out above): {', '.join(running)}."
-                                                      if running else "")}
+             "verdicts.md": verdicts_report(arms) + "\n\n" + blocks_note(study) +
+             (f"\n\nNot finished (left out above): {', '.join(running)}." if running else "")}
     for file, text in texts.items():  # never through a link
         runfolder.write_text_atomically(os.path.join(figures, file), text + "\n")
     runfolder.write_text_atomically(os.path.join(figures, "readings.json"), json.dumps(

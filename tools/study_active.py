@@ -83,12 +83,11 @@ def optimizer_steps_per_batch(name: str) -> int:
     return 8 // mini * epochs
 
 
-def grid_point(name: str, run: dict) -> dict:
-    """The rule's three tests on one grid run (seed 100, 100 steps), with the numbers behind them."""
-    flags = CONFIGS[name]
+def rule_tests(run: dict) -> dict:
+    """Stage 1's three tests on a GRPO run's steps 0-100, with the numbers behind them."""
     evals = evaluations(run)
     start, end = evals.get(0), evals.get(100)
-    later = [a for s, a in evals.items() if s > 0]
+    later = [a for s, a in evals.items() if 0 < s <= 100]
     share = sum(outside(r) for r in step_rows(run) if 51 <= r["step"] <= 100) / max(
         1, sum(1 for r in step_rows(run) if 51 <= r["step"] <= 100))
     first10, last10 = window(run, "entropy", 1, 10), window(run, "entropy", 91, 100)
@@ -96,13 +95,18 @@ def grid_point(name: str, run: dict) -> dict:
     learns = start is not None and end is not None and end - start >= 0.15
     stable = (start is not None and end is not None and bool(later) and min(later) >= start - 0.05
               and end >= max(later) - 0.10 and first10 is not None and last10 is not None and last10 >= first10 / 4)
-    return {"name": name, "lr": float(flags[flags.index("--lr") + 1]), "updates": optimizer_steps_per_batch(name),
-            "steps_done": run["steps_done"], "share": share,
-            "beta1_region": window(run, "clip_frac_low_neg", 51, 100),
+    return {"share": share, "beta1_region": window(run, "clip_frac_low_neg", 51, 100),
             "beta2_region": window(run, "clip_frac_high_pos", 51, 100),
             "start": start, "end": end, "best": max(later) if later else None, "worst": min(later) if later else None,
             "entropy_first10": first10, "entropy_last10": last10, "kl": window(run, "approx_kl", 51, 100),
             "binds": binds, "learns": learns, "stable": stable, "passes": binds and learns and stable}
+
+
+def grid_point(name: str, run: dict) -> dict:
+    """The rule's three tests on one grid run (seed 100, 100 steps)."""
+    flags = CONFIGS[name]
+    return {"name": name, "lr": float(flags[flags.index("--lr") + 1]), "updates": optimizer_steps_per_batch(name),
+            "steps_done": run["steps_done"], **rule_tests(run)}
 
 
 def choose_regime(study: dict, seed: str = "100"):
@@ -127,12 +131,12 @@ def choose_regime(study: dict, seed: str = "100"):
     return rows, chosen, missing
 
 
+def pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}"
+
+
 def regime_report(study: dict) -> str:
     rows, chosen, missing = choose_regime(study)
-
-    def pct(x):
-        return "n/a" if x is None else f"{100 * x:.1f}"
-
     lines = ["| point | lr | optimizer steps per batch | outside the interval, steps 51-100 (%) | beta1 / beta2 "
              "region (%) | avg@8 step 0 -> 100 (best, worst) | entropy 1-10 -> 91-100 | binds | learns | no collapse |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -460,7 +464,15 @@ def blocks_note(study: dict) -> str:
         runs = [r for name, runs in configurations(study).items() if name not in REGIME_GRID
                 for s, r in runs.items() if block_of(s) == letter]
         cpus = sorted({h.get("cpu", "?") for r in runs for h in r.get("hardware") or []})
-        parts.append(f"block {letter}: warm start `{sha}`, {len(runs)} arm runs, CPU {', '.join(cpus) or 'n/a'}")
+        grpo = [(s, rule_tests(r)) for s, r in sorted(study.get("grpo", {}).items(), key=lambda kv: seed_order(kv[0]))
+                if block_of(s) == letter and r["steps_done"] >= 100]
+        rule = ", ".join(f"seed {s} ({100 * t['share']:.2f}% outside, avg@8 {pct(t['start'])} -> {pct(t['end'])}, "
+                         f"worst {pct(t['worst'])}: "
+                         + ("passes)" if t["passes"] else "fails " + " and ".join(
+                             test for test in ("binds", "learns", "stable") if not t[test]) + ")")
+                         for s, t in grpo)
+        parts.append(f"block {letter}: warm start `{sha}`, {len(runs)} arm runs, CPU {', '.join(cpus) or 'n/a'}; "
+                     f"GRPO against stage 1's rule over steps 1-100 (described, not a gate): {rule or 'n/a'}")
     return para("Runs pair within a block (the same seed and warm start; seeds of block B onwards carry its letter); "
                 "the pairs of all blocks form one sample (docs/study-protocol-active.md, amendment of 2026-11-26). "
                 + "; ".join(parts) + ".")

@@ -183,6 +183,6 @@ def test_runs_pair_within_a_block_and_the_blocks_pool(tmp_path):
     text = A.verdicts_report(study)
     assert "| 3: (1, 0.5) falls fastest: (1, 0.5) - grpo | 3 | +0.0300 [" in text
     assert "A (1): +0.0200; B (2): +0.0350 |" in text
-    assert "block B: warm start `0123456789abcdef`, 4 arm runs" in A.blocks_note(study)
+    assert "block B: warm start `0123456789abcdef`, 4 finished runs" in A.blocks_note(study)
     note = A.blocks_note(study)  # GRPO's runs of each block against stage 1's rule, described
     assert "seed B1 (2.00% outside, avg@8 50.0 -> n/a, worst n/a: fails learns and stable)" in note

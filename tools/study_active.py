@@ -461,8 +461,7 @@ def blocks_note(study: dict) -> str:
     """Which warm start and CPU each block's runs had."""
     parts = []
     for letter, sha in study["_blocks"].items():
-        runs = [r for name, runs in configurations(study).items() if name not in REGIME_GRID
-                for s, r in runs.items() if block_of(s) == letter]
+        runs = [r for runs in finished(study).values() for s, r in runs.items() if block_of(s) == letter]
         cpus = sorted({h.get("cpu", "?") for r in runs for h in r.get("hardware") or []})
         grpo = [(s, rule_tests(r)) for s, r in sorted(study.get("grpo", {}).items(), key=lambda kv: seed_order(kv[0]))
                 if block_of(s) == letter and r["steps_done"] >= 100]
@@ -471,7 +470,7 @@ def blocks_note(study: dict) -> str:
                          + ("passes)" if t["passes"] else "fails " + " and ".join(
                              test for test in ("binds", "learns", "stable") if not t[test]) + ")")
                          for s, t in grpo)
-        parts.append(f"block {letter}: warm start `{sha}`, {len(runs)} arm runs, CPU {', '.join(cpus) or 'n/a'}; "
+        parts.append(f"block {letter}: warm start `{sha}`, {len(runs)} finished runs, CPU {', '.join(cpus) or 'n/a'}; "
                      f"GRPO against stage 1's rule over steps 1-100 (described, not a gate): {rule or 'n/a'}")
     return para("Runs pair within a block (the same seed and warm start; seeds of block B onwards carry its letter); "
                 "the pairs of all blocks form one sample (docs/study-protocol-active.md, amendment of 2026-11-26). "

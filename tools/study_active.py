@@ -1,5 +1,5 @@
-"""The second study's readings, by docs/study-protocol-active.md, re-derived from its JSON alone (the runs are made by
-tools/study.py, which writes that JSON):
+"""The second study's readings, by docs/study-protocol-active.md, re-derived from its JSONs alone, one per block of
+runs from one warm start (the runs are made by tools/study.py, which writes them):
 
     python -m tools.study_active     # docs/figures/study-merge-active/{regime,sizing,verdicts}.md and entropy.png
 

@@ -90,11 +90,16 @@ def test_a_part_that_hangs_is_killed_with_what_it_started_and_named(monkeypatch,
         f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
         f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
         "time.sleep(120)")})
-    start = time.perf_counter()
-    rows = gpu_check.run_part("vllm cycles", 3)
-    assert time.perf_counter() - start < 30
-    assert rows == [gpu_check.Row("vllm cycles", "finished within its budget", "FAIL",
-                                  "killed after 3 s (hung or slow)", "<= 3 s")]
+    for _ in range(3):  # a disk stall (a checkpoint written beside the suite) can hold the part back past its budget
+        start = time.perf_counter()
+        rows = gpu_check.run_part("vllm cycles", 5)
+        assert time.perf_counter() - start < 30
+        assert rows == [gpu_check.Row("vllm cycles", "finished within its budget", "FAIL",
+                                      "killed after 5 s (hung or slow)", "<= 5 s")]
+        if pid_file.exists():
+            break
+    else:
+        pytest.fail("the part was killed three times before it started its child: the group kill went untested")
     grandchild = int(pid_file.read_text())
     for _ in range(100):  # killed with its parent's group: gone once init has reaped it
         try:
@@ -106,9 +111,9 @@ def test_a_part_that_hangs_is_killed_with_what_it_started_and_named(monkeypatch,
         pytest.fail("the part's own child outlived the kill")
 
 
-def test_every_part_has_a_budget_and_they_add_up_to_under_10_minutes():
+def test_every_part_has_a_budget_and_they_add_up_to_under_12_minutes():
     total = sum(part.budget_s for part in gpu_check.PARTS.values())
-    assert total < 600 and all(part.budget_s > 0 for part in gpu_check.PARTS.values())
+    assert total < 720 and all(part.budget_s > 0 for part in gpu_check.PARTS.values())
     doc = gpu_check.__doc__
     assert f"The budgets add up to {total:.0f} s" in doc
     for name, part in gpu_check.PARTS.items():  # stated beside each part

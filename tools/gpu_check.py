@@ -9,8 +9,8 @@ It prints one row per check: pass / FAIL / skipped, the number measured and the 
 Each part that the machine can run runs in a process of its own (vLLM allows one sleep-mode engine per process) under
 its time budget, the seconds beside its name below: one that overruns is killed and its row is a FAIL naming it, one
 that crashes a FAIL with its last error line, and the parts after it still run. The budgets add up to 665 s;
---time-scale stretches them all. Measured on one H200 (torch 2.11, no vllm, the tiny model cached): cuda tests 56-60
-s, bf16 run 32 s, 1.5B update 64 s; the budgets of the parts a GPU without vllm skips are estimates.
+--time-scale stretches them all. Measured on one H200 (torch 2.11, no vllm, the tiny model cached): cuda tests 48-60
+s, bf16 run 26-32 s, 1.5B update 60-64 s; the budgets of the parts a GPU without vllm skips are estimates.
   tiny model   (75)  the warm-started tiny model the next three parts use, built into .cache/ if it is not there
   cuda tests  (100)  tests/test_cuda.py: the fused log-probs against full logits, the varlen attention kernels against
                      sdpa, a bf16 run with rollout correction

@@ -77,7 +77,9 @@ def torchrun(nproc, *argv, timeout=600):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *argv]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}  # the worker scripts import the root's
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
-    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
+    if out.returncode != 0:  # pytest.fail keeps the text whole (an assertion message's repr is cut short)
+        pytest.fail(f"torchrun exited {out.returncode}\n--- stdout (tail)\n{out.stdout[-2000:]}\n--- stderr (tail)\n"
+                    f"{out.stderr[-6000:]}", pytrace=False)
     return out
 
 

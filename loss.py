@@ -186,11 +186,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     if advantages.shape not in ((logp.shape[0], 1), logp.shape):
         raise ValueError(f"advantages must be [batch, 1] or [batch, T] = {tuple(logp.shape)}, "
                          f"got {tuple(advantages.shape)}")
-    eps_low, eps_high = cfg.eps_low, cfg.eps_high
-    if cfg.dynamic_clip != "none":
-        schedule = DynamicClip(schedule=cfg.dynamic_clip)
-        eps_low, eps_high = dynamic_clip_eps(logp.detach().exp(), schedule, progress, od_state)
-
+    eps_low, eps_high = clip_range(cfg, logp, progress, od_state)
     mask = mask.to(logp.dtype)
     # 0 on padding: its ratio is exactly 1 there (inside every interval, never dual-clipped), so the metrics need no
     # masking; the loss is masked in aggregate() anyway.
@@ -215,6 +211,13 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         metrics.update(_metrics(logp, log_ratio, tokens.adv, mask, ratio, extra, entropy,
                                 (eps_low, eps_high) if ALGORITHMS[cfg.algo].regions else None))
     return loss, metrics
+
+
+def clip_range(cfg: LossConfig, logp: torch.Tensor, progress: float = 0.0, od_state: int = 0):
+    """(eps_low, eps_high): cfg's, or with dynamic clipping [B, T] tensors from the tokens' probabilities."""
+    if cfg.dynamic_clip == "none":
+        return cfg.eps_low, cfg.eps_high
+    return dynamic_clip_eps(logp.detach().exp(), DynamicClip(schedule=cfg.dynamic_clip), progress, od_state)
 
 
 def _extra_terms(pg_loss, logp, mask, cfg, totals, entropy, correct, ref_logp):
@@ -304,6 +307,51 @@ def _metrics(logp, log_ratio, adv, mask, ratio, extra, entropy, clip_range):
         m["entropy_region_e3"] = torch.count_nonzero(likely & neg) / n  # raises entropy
         m["entropy_region_e4"] = torch.count_nonzero(surprising & neg) / n  # lowers entropy
     return m
+
+
+# What the clip regions hold, token by token (train.py logs it every step, for every algorithm with clip regions):
+# whether the beta1 region (d < 1 - eps_low, A < 0) and the beta2 region (d > 1 + eps_high, A > 0) hold end-of-sequence
+# tokens, low-probability tokens, tokens late in their response, and how far outside the interval, against the tokens
+# inside the interval.
+EVIDENCE_REGIONS = ("low_neg", "high_pos", "inside")
+LATE = 0.9  # a token is late when its position (from 1) exceeds this fraction of its response's length: the last 10%
+
+
+def region_evidence(logp, old_logp, advantages, mask, eps_low, eps_high, finished) -> dict:
+    """{region: (sums, ratios)} of one call, for each of EVIDENCE_REGIONS: sums = float64 [tokens, end-of-sequence
+    tokens, late tokens, sum of log pi_old] (they add over calls and ranks), ratios = the region's d (their percentiles
+    do not add). finished [B] bool: the response ended at its EOS token, which is then its last token (rollout.py)."""
+    with torch.no_grad():
+        log_ratio = (logp.detach() - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        ratio, valid = torch.exp(log_ratio), mask > 0
+        adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+        length = mask.sum(-1, keepdim=True)
+        position = torch.arange(1, mask.shape[-1] + 1, device=mask.device).unsqueeze(0)  # from 1
+        eos = finished.unsqueeze(-1) & (position == length) & valid
+        late = (position > LATE * length) & valid
+        below, above = ratio < 1 - eps_low, ratio > 1 + eps_high
+        regions = {"low_neg": below & (adv < 0) & valid, "high_pos": above & (adv > 0) & valid,
+                   "inside": ~below & ~above & valid}
+        return {name: (torch.stack([where.sum(), (where & eos).sum(), (where & late).sum(),
+                                    old_logp[where].sum()]).to(torch.float64), ratio[where].float())
+                for name, where in regions.items()}
+
+
+def evidence_row(sums: dict, ratios: dict) -> dict:
+    """A step's per-token evidence from its summed counts and its ratios ({region: ...}, as region_evidence's, summed
+    and joined over the step's calls): per region, the share of its tokens that end their sequence (`_eos_share`) and
+    that sit in the last 10% of their response (`_late_share`), their mean log pi_old (`_old_logp_mean`), and the 10th
+    and 50th percentiles of their d (`_ratio_p10`, `_ratio_p50`). A region with no token that step logs nothing."""
+    row = {}
+    for name in EVIDENCE_REGIONS:
+        tokens, eos, late, old_logp = (float(v) for v in sums[name])
+        if not tokens:
+            continue
+        row.update({f"{name}_eos_share": eos / tokens, f"{name}_late_share": late / tokens,
+                    f"{name}_old_logp_mean": old_logp / tokens,
+                    f"{name}_ratio_p10": quantile(ratios[name], 0.1).item(),
+                    f"{name}_ratio_p50": quantile(ratios[name], 0.5).item()})
+    return row
 
 
 # ---------------------------------------------------------------------------------------------

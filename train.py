@@ -188,7 +188,7 @@ def mini_batch_sequences(kept, groups, advantages, correct, args) -> list[list[d
     """Kept groups in global order, `mini_batch_prompts` per optimizer step; each rank takes the sequences of the
     groups it sampled (a rank may hold none of a mini-batch)."""
     return [[{"prompt_ids": groups[i].prompt_ids, "response_ids": c.token_ids, "sampler_logprobs": c.logprobs,
-              "advantage": advantages[k, j].item(), "correct": bool(correct[i, j])}
+              "advantage": advantages[k, j].item(), "correct": bool(correct[i, j]), "finished": c.finished}
              for k, i in enumerate(kept[start:start + args.mini_batch_prompts], start) if i in groups
              for j, c in enumerate(groups[i].completions)]
             for start in range(0, len(kept), args.mini_batch_prompts)]
@@ -265,10 +265,11 @@ def update_policy(policy, minis: list[MiniBatch], cfg: L.LossConfig, ctx: StepCo
     """6. One optimizer step per mini-batch, `epochs` passes over them in the same order (verl's ppo_epochs: pi_old
     stays the policy that sampled, so every pass after the first is off-policy from its first mini-batch on); the
     step's metrics as token means over all the tokens of all passes (the loss terms: their mean over optimizer
-    steps), summed over ranks."""
+    steps), summed over ranks; for an algorithm with clip regions, what each region held (loss.evidence_row)."""
     sums, grad_norms = {}, []
+    evidence = {} if L.ALGORITHMS[cfg.algo].regions else None
     for mini in minis * epochs:
-        mini_sums, grad_norm = optimizer_step(policy, mini, cfg, ctx)
+        mini_sums, grad_norm = optimizer_step(policy, mini, cfg, ctx, evidence)
         for k, v in mini_sums.items():
             sums[k] = sums.get(k, 0.0) + (v / (len(minis) * epochs) if k in LOSS_TERMS else v)
         grad_norms.append(grad_norm)
@@ -277,17 +278,24 @@ def update_policy(policy, minis: list[MiniBatch], cfg: L.LossConfig, ctx: StepCo
     tokens = max(sums.pop("_tokens", 0.0), 1.0)
     out = {k: (v if k in LOSS_TERMS else v / tokens) for k, v in sums.items()}
     out.update(grad_norm=sum(grad_norms) / len(grad_norms), optimizer_steps=len(grad_norms))
+    if evidence:
+        names = sorted(evidence)
+        counts = D.all_reduce([c for n in names for c in evidence[n][0].tolist()], policy.device)
+        out.update(L.evidence_row({n: counts[4 * i:4 * i + 4] for i, n in enumerate(names)},
+                                  {n: D.gather_values(torch.cat(evidence[n][1]), policy.device) for n in names}))
     return out
 
 
 LOSS_TERMS = ("pg_loss", "entropy_bonus", "positive_lm_loss", "kl_loss")  # reported as their mean over mini-batches
 
 
-def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, ctx: StepContext = StepContext()) -> tuple[dict, float]:
+def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, ctx: StepContext = StepContext(),
+                   evidence: dict | None = None) -> tuple[dict, float]:
     """Forward/backward over the mini-batch's micro-batches (gradients accumulate to the mini-batch's exact mean),
     grad clip, AdamW step. Returns the metrics summed over micro-batches (token-weighted; the loss terms as they
-    are, which sum to the mini-batch's) and the gradient norm. A non-finite loss, gradient norm or weight stops the
-    run (every rank) before anything is saved."""
+    are, which sum to the mini-batch's) and the gradient norm. evidence: {region: (sums, [ratios])}, this mini-batch's
+    tokens added (loss.region_evidence). A non-finite loss, gradient norm or weight stops the run (every rank)
+    before anything is saved."""
     sums, bad_loss = {}, None
     for mb in mini.micro:
         logp, entropy, _ = response_logprobs(policy, mb, grad=True)
@@ -300,6 +308,12 @@ def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, ctx: StepContext 
                                 extras=extras)
         if bad_loss is None and not torch.isfinite(loss):
             bad_loss = loss.item()
+        if evidence is not None:
+            for name, (counts, ratios) in L.region_evidence(logp, mb.old_logp, mb.advantages, mb.response_mask,
+                                                            *L.clip_range(cfg, logp, ctx.progress, ctx.od_state),
+                                                            mb.finished).items():
+                before = evidence.setdefault(name, (torch.zeros(4, dtype=torch.float64, device=counts.device), []))
+                evidence[name] = (before[0] + counts, before[1] + [ratios])
         loss.backward()
         tokens = mb.response_mask.sum().item()
         m["entropy"] = (mb.old_entropy * mb.response_mask).sum() / max(tokens, 1)
@@ -647,6 +661,7 @@ class MicroBatch:
     response_mask: torch.Tensor  # [B, R], 1 on response tokens
     advantages: torch.Tensor  # [B, 1]
     correct: torch.Tensor  # [B] bool: the response scored +1 (the positive-example LM loss)
+    finished: torch.Tensor  # [B] bool: the response ended at its EOS token (its last token), not at the length limit
     sampler_logp: torch.Tensor  # [B, R] the sampler's log-probs (0 where it gave none)
     packed: logprobs.Packing | None = None  # where the response tokens sit in a packed row
     # stage 5 (no grad): the old policy's log-probs and entropy, what the sampler's truncation keeps, the rollout
@@ -727,6 +742,7 @@ def response_fields(seqs, pad_id, device) -> dict:
         "response_mask": response_mask.to(device),
         "advantages": torch.tensor([s["advantage"] for s in seqs], dtype=torch.float32, device=device).unsqueeze(-1),
         "correct": torch.tensor([s["correct"] for s in seqs], dtype=torch.bool, device=device),
+        "finished": torch.tensor([s.get("finished", False) for s in seqs], dtype=torch.bool, device=device),
         "sampler_logp": sampler_logp.to(device),
     }
 

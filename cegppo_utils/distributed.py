@@ -87,6 +87,18 @@ def gather(local: torch.Tensor, device) -> torch.Tensor:
     return torch.stack(parts, dim=1).flatten(0, 1).cpu()  # item i came from rank i % world, position i // world
 
 
+def gather_values(local: torch.Tensor, device) -> torch.Tensor:
+    """A 1-D tensor of any length on each rank -> every rank's values joined (rank 0's first), on every rank."""
+    if world_size() == 1:
+        return local
+    sizes = [int(n) for n in all_reduce([local.numel() if r == rank() else 0 for r in range(world_size())], device)]
+    padded = torch.zeros(max(sizes), dtype=local.dtype, device=device)
+    padded[:local.numel()] = local.to(device)
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[:n] for p, n in zip(parts, sizes)]).cpu()
+
+
 def rank_seed(seed: int) -> int:
     """A seed of this rank's own, from one shared by all ranks (sampling differs per rank, reproducibly)."""
     return seed * world_size() + rank()

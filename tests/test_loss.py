@@ -196,6 +196,36 @@ def test_region_fractions_on_hand_built_input():
     assert m["num_tokens"].item() == n
 
 
+def test_region_evidence_on_hand_built_input():
+    """What each region holds (loss.region_evidence -> evidence_row): the beta1 region's tokens here are one EOS token
+    (the last of a finished response), one late token and one early token; the beta2 region one token; the rest inside
+    the interval. Shares, the mean old log-prob and the ratio percentiles are those counted by hand."""
+    # response 0: 10 tokens, finished; response 1: 4 tokens, truncated (its last token is no EOS); 6 padding positions
+    ratio = torch.ones(2, 10, dtype=torch.float64)
+    ratio[0, 9], ratio[0, 1], ratio[1, 3], ratio[1, 0] = 0.5, 0.7, 0.6, 1.5  # A < 0 on response 0, A > 0 on response 1
+    ratio[0, 5] = 1.1
+    old_logp = -torch.arange(20, dtype=torch.float64).view(2, 10) / 10
+    logp = old_logp + ratio.log()
+    mask = torch.zeros(2, 10, dtype=torch.float64)
+    mask[0], mask[1, :4] = 1, 1
+    adv = torch.tensor([[-1.0], [1.0]], dtype=torch.float64)
+    parts = L.region_evidence(logp, old_logp, adv, mask, 0.2, 0.2, torch.tensor([True, False]))
+    sums = {k: v[0].tolist() for k, v in parts.items()}
+    assert sums["low_neg"] == pytest.approx([2, 1, 1, -0.9 - 0.1])  # positions 10 (EOS, late) and 2 of response 0
+    assert sums["high_pos"] == pytest.approx([1, 0, 0, -1.0])  # response 1's first token
+    # inside: response 0's other 8 tokens, response 1's tokens 2 and 3 (0.6 < 0.8 has A > 0: not a beta region, not
+    # inside); late: position 4 of 4 (0.6: outside) and none other of response 1's, response 0's 10 only
+    assert sums["inside"] == pytest.approx([10, 0, 0, -sum(range(10)) / 10 + 0.9 + 0.1 - 1.1 - 1.2])
+    row = L.evidence_row({k: v[0] for k, v in parts.items()}, {k: v[1] for k, v in parts.items()})
+    assert row["low_neg_eos_share"] == 0.5 and row["low_neg_late_share"] == 0.5
+    assert row["low_neg_old_logp_mean"] == pytest.approx(-0.5)
+    assert row["low_neg_ratio_p50"] == pytest.approx(0.6) and row["low_neg_ratio_p10"] == pytest.approx(0.52)
+    assert row["high_pos_ratio_p10"] == pytest.approx(1.5) and row["high_pos_eos_share"] == 0
+    assert row["inside_ratio_p50"] == pytest.approx(1.0) and row["inside_ratio_p10"] == pytest.approx(1.0)
+    empty = L.region_evidence(logp, old_logp, adv, mask * 0, 0.2, 0.2, torch.tensor([True, False]))
+    assert L.evidence_row({k: v[0] for k, v in empty.items()}, {k: v[1] for k, v in empty.items()}) == {}
+
+
 def test_entropy_regions():
     logp = torch.log(torch.tensor([[0.9, 0.05, 0.9, 0.05]]))
     entropy = torch.full_like(logp, 1.0)  # -log 0.9 = 0.1 < 1 < -log 0.05 = 3.0

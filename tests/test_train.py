@@ -660,6 +660,40 @@ def test_od_initial_entropy_is_fixed_or_measured():
     assert measured.initial_entropy == 0.18  # floor 0.036, tau_high 0.036 + 0.144 x 0.5 = 0.108
 
 
+def test_on_policy_the_betas_do_nothing(tiny_model_path):
+    """The negative control of the beta code path: with one mini-batch per step and one pass, every ratio is exactly 1
+    (the old log-probs are the update's own first forward), so no token is outside the clip interval and CE-GPPO
+    (1, 1), (0.5, 1), (1, 0.5) and token-mean PPO-clip (CE-GPPO (0, 0)) take the same steps, bit for bit, over several
+    steps whose data and advantages differ; approx_kl and every clip fraction are exactly 0, and every trained token
+    sits inside the interval with ratio 1."""
+    import random
+
+    from transformers import AutoModelForCausalLM
+    rng = random.Random(1)
+    steps = [[[{"prompt_ids": [rng.randrange(5, 270) for _ in range(5)],
+                "response_ids": [rng.randrange(5, 270) for _ in range(rng.randrange(3, 14))],
+                "advantage": rng.choice([-1.0, 1.0]) * rng.uniform(0.2, 1.5), "correct": rng.random() < 0.5,
+                "finished": rng.random() < 0.8} for _ in range(8)]] for _ in range(3)]  # one mini-batch per step
+    weights = {}
+    for betas in [("1", "1"), ("0.5", "1"), ("1", "0.5"), ("0", "0")]:
+        args = parse_train_args(["--algo", "ce_gppo", "--beta1", betas[0], "--beta2", betas[1], "--lr", "3e-3",
+                                 "--warmup-steps", "0", "--micro-batch-size", "4"])
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+        policy = train.make_policy(args, model, optimizer, 0, torch.device("cpu"))
+        start = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+        for seqs in steps:
+            m = train_update(policy, seqs, args.loss)
+            assert m["optimizer_steps"] == 1 and m["approx_kl"] == 0.0 and m["ratio_mean"] == 1.0
+            assert all(m[k] == 0.0 for k in m if "clip_frac" in k) and "dual_clip_frac" in m
+            assert not any(k.startswith(("low_neg_", "high_pos_")) for k in m)  # no token in either beta region
+            assert m["inside_ratio_p10"] == m["inside_ratio_p50"] == 1.0
+        weights[betas] = torch.cat([p.detach().flatten() for p in model.parameters()])
+        assert (weights[betas] - start).abs().max() > 1e-3  # the steps moved the weights
+    assert all(torch.equal(w, weights[("0", "0")]) for w in weights.values())
+
+
 def test_ppo_epochs_repeat_the_passes_against_the_sampling_policy(tiny_model_path):
     """--ppo-epochs E: E passes over the step's mini-batches, each ratio taken against the policy that sampled. One pass
     is the loop as it was (optimizer_step per mini-batch, bit for bit); two passes are that, then the same mini-batches

@@ -48,6 +48,25 @@ CONFIGS.update({f"grid_lr{lr}_{u}": ["--algo", "grpo", "--lr", lr, *more] for lr
                 for u, more in UPDATES.items()})
 REGIME_GRID = [f"grid_lr{lr}_{u}" for u in ("u8", "u16", "u4") for lr in ("1e-4", "2e-4", "3e-4")]  # the choice's order
 
+# The third study, on why CE-GPPO collapses at --preset merge-active (docs/study-protocol-collapse.md): the token-mean
+# PPO-clip control (CE-GPPO (0, 0): the same aggregation as every CE-GPPO arm), a beta1 dose at beta2 = 1, the official
+# recipe (the positive-example NLL 0.1 and oversampling: 16 prompts sampled, up to 8 kept, as 256 -> 128), and fewer
+# optimizer steps per rollout batch (u4: mini-batches of 2 prompts, u2: of 4; the preset's 8 prompts per step).
+RECIPE = ["--positive-lm-coef", "0.1", "--gen-prompts", "16", "--train-prompts", "8"]
+FEWER_STEPS = {"u4": ["--mini-batch-prompts", "2"], "u2": ["--mini-batch-prompts", "4"]}
+CONFIGS.update({
+    "ppo_clip_tm": PPO,
+    "ce_gppo_0.1_1": ["--algo", "ce_gppo", "--beta1", "0.1", "--beta2", "1"],
+    "ce_gppo_0.25_1": ["--algo", "ce_gppo", "--beta1", "0.25", "--beta2", "1"],
+    "ce_gppo_0.5_1_recipe": CONFIGS["ce_gppo_0.5_1"] + RECIPE,
+    "ppo_clip_tm_recipe": PPO + RECIPE,
+    **{f"{name}_{u}": CONFIGS[base] + more for u, more in FEWER_STEPS.items()
+       for name, base in (("ce_gppo_0.5_1", "ce_gppo_0.5_1"), ("ppo_clip_tm", "ppo_clip"))},
+})
+COLLAPSE_ARMS = ["grpo", "ppo_clip_tm", "ce_gppo_0_1", "ce_gppo_0.1_1", "ce_gppo_0.25_1", "ce_gppo_0.5_1", "ce_gppo_1_1",
+                 "ce_gppo_0.5_1_recipe", "ppo_clip_tm_recipe", "ce_gppo_0.5_1_u4", "ppo_clip_tm_u4", "ce_gppo_0.5_1_u2",
+                 "ppo_clip_tm_u2"]
+
 # What each tool runs unless told otherwise.
 MECHANISM_DEFAULT = ["ppo_clip", "ppo_clip_repeat", "ce_gppo_0_1", "ce_gppo_0.5_1", "ce_gppo_1_1", "ce_gppo_1_0.5",
                      "ce_gppo_1_0", "gppo", "dapo", "entropy_0.001", "entropy_0.003"]

@@ -114,3 +114,89 @@ def pearson(xs, ys):
     sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
     sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
     return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else math.nan
+
+
+# --- incidence: counts of runs that collapsed, exact tests -------------------------------------------------------
+
+def _hypergeometric(k, n1, n2, total):
+    """P(k of the `total` events fall in the group of n1) when they are spread at random over n1 + n2 runs."""
+    return math.comb(n1, k) * math.comb(n2, total - k) / math.comb(n1 + n2, total)
+
+
+def fisher_exact(a, n1, b, n2):
+    """Two-sided p of Fisher's exact test that a of n1 and b of n2 differ in rate: the probability, given a + b events,
+    of every split no more likely than the one seen (R's and scipy's rule, with their 1e-7 relative tolerance)."""
+    total = a + b
+    seen = _hypergeometric(a, n1, n2, total)
+    splits = range(max(0, total - n2), min(n1, total) + 1)
+    return min(1.0, sum(p for p in (_hypergeometric(k, n1, n2, total) for k in splits) if p <= seen * (1 + 1e-7)))
+
+
+def exact_trend(arms):
+    """Two-sided p of the exact (permutation) Cochran-Armitage trend test: arms = [(score, runs, events)], e.g. (beta1,
+    5, collapsed). Given the total number of events, spread at random over the runs, the statistic T = sum of the
+    events' scores; p = P(|T - E T| >= |T_seen - E T|), computed exactly by convolving the arms' hypergeometric
+    counts (no enumeration of runs)."""
+    total = sum(k for _, _, k in arms)
+    dist = {(0, 0.0): 1.0}  # (events placed, T) -> product of comb(n_i, k_i)
+    for score, n, _ in arms:
+        step = {}
+        for (placed, t), w in dist.items():
+            for k in range(0, min(n, total - placed) + 1):
+                key = (placed + k, round(t + score * k, 9))
+                step[key] = step.get(key, 0.0) + w * math.comb(n, k)
+        dist = step
+    final = {t: w for (placed, t), w in dist.items() if placed == total}
+    norm = sum(final.values())
+    mean = sum(t * w for t, w in final.items()) / norm
+    seen = abs(sum(score * k for score, _, k in arms) - mean)
+    return min(1.0, sum(w for t, w in final.items() if abs(t - mean) >= seen - 1e-9) / norm)
+
+
+def incidence_power(p1, p0, n, alpha=0.05):
+    """Power of the two-sided Fisher exact test at level alpha, n runs per arm, when the true rates are p1 and p0."""
+    def binom(k, p):
+        return math.comb(n, k) * p ** k * (1 - p) ** (n - k)
+    return sum(binom(a, p1) * binom(b, p0) for a in range(n + 1) for b in range(n + 1)
+               if fisher_exact(a, n, b, n) <= alpha)
+
+
+def min_detectable_incidence(p0, n, power=0.8, alpha=0.05):
+    """The smallest rate p1 >= p0 that the two-sided Fisher test over n runs per arm detects with the given power
+    against a true rate p0 (None if not even p1 = 1 is); the difference it can detect is p1 - p0."""
+    if incidence_power(1.0, p0, n, alpha) < power:
+        return None
+    lo, hi = p0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if incidence_power(mid, p0, n, alpha) < power else (lo, mid)
+    return hi
+
+
+def rank_correlation_p(xs, ys, permutations=20000, seed=0):
+    """Spearman's rho of xs and ys (average ranks for ties) and its two-sided permutation p over `permutations`
+    shuffles of ys with a fixed seed (reproducible): rho, p."""
+    import random
+
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2 + 1
+            i = j + 1
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    rho = pearson(rx, ry)
+    if math.isnan(rho):
+        return rho, 1.0
+    rng, shuffled, beyond = random.Random(seed), list(ry), 0
+    for _ in range(permutations):
+        rng.shuffle(shuffled)
+        beyond += abs(pearson(rx, shuffled)) >= abs(rho) - 1e-12
+    return rho, (beyond + 1) / (permutations + 1)

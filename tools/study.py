@@ -1,5 +1,6 @@
 """The long-run study: each configuration trained with a preset for several seeds; then every run's per-step numbers
-in one JSON, a Table-1 analog with 95% intervals (paired against GRPO, seed by seed), and the paper's figures.
+(every metric it logged) in one JSON, a Table-1 analog with 95% intervals (paired against GRPO, seed by seed), and
+the paper's figures.
 
     python -m tools.study --preset tiny --steps 50                 # the original CPU study on the arithmetic task
     python -m tools.study --preset sums --steps 150                # the study on the longer-response task (README)
@@ -43,10 +44,6 @@ from cegppo_utils import runfolder
 from tools.configs import CONFIGS, STUDY_DEFAULT
 from tools.stats import holm, logit_mean_ci, mean_ci, min_detectable, paired_power, t_test_p
 
-# The per-step numbers the study keeps of each run (the rest stay in its metrics.jsonl).
-KEPT = ("step", "entropy", "reward_mean", "acc_mean", "eval_acc", "clip_frac_low_neg", "clip_frac_high_pos",
-        "clip_frac_low_pos", "clip_frac_high_neg", "approx_kl", "response_length_mean", "od_state", "entropy_coef",
-        "eval_lost")
 # The flags study.py sets for every run (from --seeds, --steps, --root and the save cadence): never passed through.
 OWNED = {"--seed": "--seeds", "--max-steps": "--steps", "--output-dir": "--root", "--save-every": None}
 
@@ -246,7 +243,7 @@ def run_record(out: str) -> dict | None:
             "entropy_first10": window_mean(rows, "entropy", True), "entropy_last10": window_mean(rows, "entropy", False),
             "reward_first10": window_mean(rows, "reward_mean", True), "reward_last10": window_mean(rows, "reward_mean", False),
             "hardware": hardware_segments(out, rows), "model_sha256": _config(out).get("model_sha256"),
-            "steps": [{k: r[k] for k in KEPT if k in r} for r in rows]}
+            "steps": rows}  # every number each step logged (metrics.jsonl, one row per step)
 
 
 def _config(out: str) -> dict:

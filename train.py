@@ -106,7 +106,8 @@ def main(args: Args):
                "time_reward_s": clock[2] - clock[1], "time_update_s": clock[3] - clock[2],
                "tokens_per_s": lengths.sum().item() / (clock[3] - clock[0])}
         end_step(run, args, Step(step, row, batch, groups, rewards, advantages, kept))
-    final = RF.save_final(args.output_dir, policy.model, run.tokenizer)
+    # the step whose policy final/ holds goes inside it: the finished-run answer reads it (runfolder.finished_step)
+    final = RF.save_final(args.output_dir, policy.model, run.tokenizer, step=run.loop.step)
     if D.is_main():
         plot.draw_run(args.output_dir, os.path.join(args.output_dir, "curves.png"))
         run.log("\n".join(plot.run_summary(RF.read_jsonl(run.metrics_path), args.output_dir, final, run.first_step)))
@@ -379,11 +380,23 @@ def end_step(run: Run, args, s: Step):
     if args.log_samples_every and done % args.log_samples_every == 0 and D.is_main():
         samples = sample_records(s)
         RF.append_jsonl(os.path.join(args.output_dir, "samples.jsonl"), samples)
-        run.bar.write(plot.sample_line(next((r for r in samples if r["advantage"]), samples[0])))
+        run.bar.write(plot.sample_line(next((r for r in samples if r["advantage"]), samples[0])))  # one that trained
     for send in run.loggers:
         send(row, samples)
     run.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", ent=f"{row.get('entropy', math.nan):.3f}",
-                        **{d.short: f"{row[d.metric]:.4f}" for d in bar_diagnostics(args.loss.algo) if d.metric in row})
+                        **{d.short: bar_value(d.metric, row[d.metric]) for d in bar_diagnostics(args.loss.algo)
+                           if d.metric in row})
+
+
+def bar_value(metric: str, value: float) -> str:
+    """A diagnostic on the progress bar: a share (a *_frac* metric) in percent with two significant digits (0.37%,
+    1.2%, 12%; 0% only when none), anything else with three."""
+    if "_frac" not in metric:
+        return f"{value:.3g}"
+    percent = float(f"{100 * value:.2g}")  # rounded first: 0.999% is 1.0%, not 1.00%
+    if percent == 0 or not math.isfinite(percent):
+        return f"{percent:.0f}%"
+    return f"{percent:.{max(0, 1 - math.floor(math.log10(abs(percent))))}f}%"
 
 
 def bar_diagnostics(algo: str) -> list[L.Diagnostic]:
@@ -467,9 +480,10 @@ def eval_settings(args, log=print) -> dict:
 
 
 def sample_records(s: Step, prompts=2) -> list[dict]:
-    """A few prompts of this step with their completions, rewards and advantages (samples.jsonl)."""
+    """A few prompts of this step with their completions, rewards and advantages (samples.jsonl): groups that trained
+    first (a dropped group, A = 0 throughout, says little of what the update saw), then the others, in batch order."""
     records = []
-    for i in sorted(s.groups)[:prompts]:
+    for i in sorted(s.groups, key=lambda i: (i not in s.kept, i))[:prompts]:
         k = s.kept.index(i) if i in s.kept else None
         for j, c in enumerate(s.groups[i].completions):
             records.append({"step": s.index + 1, "prompt": data.question_of(s.batch[i]), "answer": s.batch[i]["answer"],
@@ -607,9 +621,13 @@ def load_policy(args, model_path, device, prompts):
     # attention per sequence (varlen kernels on a GPU): packed rows and padded micro-batches pay sum_i l_i^2, never an
     # [L, L] mask (cegppo_utils/attention.py); sdpa where the model's attention cannot take it
     attention.use(model)
+    if args.liger_kernels and device.type == "cuda":
+        kernels = models.use_liger(model, device)
+        if D.is_main():
+            print(f"Liger kernels: {kernels}")
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    model = D.shard_model(model, args.precision) if D.world_size() > 1 else model.to(device)
+    model = D.place_model(model, args.precision, device)  # bf16: FSDP2's mixed precision, one process or many
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     autocast_dtype = torch.bfloat16 if args.precision == "bf16" else None
@@ -621,7 +639,7 @@ def load_policy(args, model_path, device, prompts):
     if args.loss.kl_coef:  # a second copy of the starting weights, frozen, sharded like the policy (README: its memory)
         ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).requires_grad_(False).eval()
         attention.use(ref)
-        policy.ref_model = D.shard_model(ref, args.precision) if D.world_size() > 1 else ref.to(device)
+        policy.ref_model = D.place_model(ref, args.precision, device)
     return policy, tokenizer
 
 
@@ -785,7 +803,7 @@ def run(argv=None, parsed: Args | None = None):
               else contextlib.nullcontext()):
             main(args)
     except UserError as e:
-        sys.stderr.write(f"train.py: error: {e}\n")
+        sys.stderr.write(f"train.py: error: {RF.one_line(e)}\n")  # one line, a huge value cut
         sys.exit(2)
     except FloatingPointError as e:  # the step that broke was not saved: say what is there to resume from
         sys.exit(f"train.py: {e}; {RF.kept_note(args.output_dir)}")

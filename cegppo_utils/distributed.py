@@ -109,7 +109,8 @@ def shard_model(model, precision):
     embeddings and LM head. Gradients are summed, not averaged, over ranks: each rank's loss is already its share
     of the global token mean."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None, reduce_dtype=torch.float32)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
+                                  reduce_dtype=torch.float32)
     layer_classes = set(getattr(model, "_no_split_modules", None) or [])
     for module in model.modules():
         if type(module).__name__ in layer_classes:
@@ -123,9 +124,30 @@ def shard_model(model, precision):
 
 
 def place_model(model, precision, device):
-    """The model where this process trains it: under torchrun sharded by FSDP2 (each rank's shard on its own device),
-    else moved whole to `device`, the one init() returned."""
-    return shard_model(model, precision) if world_size() > 1 else model.to(device)
+    """The model where this process trains it: sharded by FSDP2 under torchrun (each rank's shard on its own device)
+    and in bf16 at any world size, else (fp32, one process) moved whole to `device`, the one init() returned. bf16 is
+    FSDP2's mixed precision everywhere: fp32 master weights, bf16 copies gathered for each forward and backward,
+    gradients reduced in fp32. So one process computes what N ranks do, and the residual stream, q, k and v are bf16
+    (fp32 weights under autocast would carry an fp32 residual stream, and fp32 q and k from the rotary embedding)."""
+    if world_size() == 1 and precision != "bf16":
+        return model.to(device)
+    group_of_one(device)
+    if device.type == "cuda":
+        model = model.to(device)  # fully_shard shards what it is given on the mesh's device
+    return shard_model(model, precision)
+
+
+def group_of_one(device):
+    """A process group of one rank where torchrun started none: FSDP2 needs a group even for one process. Its store
+    lives in this process (no port is opened); world_size() stays 1, so every collective here is skipped."""
+    if dist.is_initialized():
+        return
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+        torch.cuda.set_device(device)
+        dist.init_process_group("cpu:gloo,cuda:nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=device)
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
 def full_named_parameters(model):

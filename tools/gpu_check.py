@@ -1,5 +1,6 @@
-"""The GPU acceptance check: what a person with one (or two) GPUs runs first, in one command and under 12 minutes.
-It prints one row per check: pass / FAIL / skipped, the number measured and the limit it is held to.
+"""The GPU acceptance check: what a person with one (or two) GPUs runs first, in one command and under 18 minutes.
+It prints one row per check: pass / FAIL against the limit it names, "measured" for a figure held to no limit, or
+skipped; the number measured; and the part's time budget.
 
     python -m tools.gpu_check                              # every part this machine can run
     python -m tools.gpu_check --output checks/gpu.json     # the same rows as JSON (its folder is created)
@@ -8,26 +9,31 @@ It prints one row per check: pass / FAIL / skipped, the number measured and the 
 
 Each part that the machine can run runs in a process of its own (vLLM allows one sleep-mode engine per process) under
 its time budget, the seconds beside its name below: one that overruns is killed and its row is a FAIL naming it, one
-that crashes a FAIL with its last error line, and the parts after it still run. The budgets add up to 665 s;
+that crashes a FAIL with its last error line, and the parts after it still run. The budgets add up to 1,080 s;
 --time-scale stretches them all. Measured on one H200 (torch 2.11, no vllm, the tiny model cached): cuda tests 48-60
-s, bf16 run 26-32 s, 1.5B update 60-64 s; the budgets of the parts a GPU without vllm skips are estimates.
+s, bf16 run 26-32 s, 1.5B update 60-64 s (before Liger and FSDP2's bf16: docs/performance.md has the latest); the vLLM
+parts' budgets are twice an estimate that includes a cold engine's compile and graph capture, untimed with vLLM.
   tiny model   (75)  the warm-started tiny model the next three parts use, built into .cache/ if it is not there
   cuda tests  (100)  tests/test_cuda.py: the fused log-probs against full logits, the varlen attention kernels against
                      sdpa, a bf16 run with rollout correction
   bf16 run     (90)  3 steps of `train.py --preset tiny --precision bf16`: exit code, and the sampler/trainer log-prob
                      gap after each sync against the stale-sampler check's bf16 tolerance (rollout.SYNC_TOLERANCE)
-  vllm cycles  (75)  3 sleep / wake / sync cycles of a colocated engine (sleep level 2, as train.py runs it) on the tiny
+  vllm cycles (240)  3 sleep / wake / sync cycles of a colocated engine (sleep level 2, as train.py runs it) on the tiny
                      model: memory given back asleep, greedy tokens equal to HF's after each sync, a skipped sync caught
                      by the exact check (rollout.stale_tensors); the per-request seeds (rollout.request_seed)
-  preset path (150)  the 1.5B preset's own path on random weights saved to a local folder: a bf16 engine of
+  preset path (360)  the 1.5B preset's own path on random weights saved to a local folder: a bf16 engine of
                      R1-Distill-Qwen-1.5B's shape at the preset's 20,480-token context and memory share, asleep beside
-                     the fp32 trainer with AdamW's moments resident; one update of a micro-batch of 4 with unequal
-                     prompts (4,096 down to 1,024 tokens) and 16,384-token responses: its peak (torch's
-                     max_memory_reserved plus what is resident outside torch, the engine asleep and the CUDA context)
-                     against the device's memory; then wake, one sync, the exact check and the probe's log-prob gap
-  1.5B update (100)  tokens/s and MFU of packed and padded updates at the 1.5B shape on 32 long-tailed sequences,
-                     through the attention train.py runs (per sequence, a varlen kernel), attention FLOPs counted
-                     (tools/bench.py's update_throughput, one round), against a bf16 GEMM rate measured here
+                     the trainer (FSDP2's bf16 over fp32 masters, as train.py) with AdamW's moments resident; one update
+                     at lr 1e-6 of a micro-batch of 4 with unequal prompts (4,096 down to 1,024 tokens) and 16,384-token
+                     responses: its peak (torch's max_memory_reserved plus what is resident outside torch, the engine
+                     asleep and the CUDA context) against the device's memory; what the engine keeps asleep of its own
+                     memory (its footprint at start minus what its sleep gave back); then wake, one sync, the exact
+                     check and the probe's log-prob gap on the updated weights
+  1.5B update (140)  tokens/s (measured) and MFU of packed and padded (the preset's micro-batches of 4) updates at the
+                     1.5B shape on 32 long-tailed sequences, as train.py --precision bf16 runs them (FSDP2's bf16,
+                     Liger's kernels, the attention kernel that ran counted), attention FLOPs counted (tools/bench.py's
+                     update_throughput, one round), against the card's dense bf16 peak (bench.DENSE_BF16_PEAK_TFLOPS;
+                     the GEMM rate measured here beside it, or in its place for a card the table lacks)
   two ranks    (75)  tests/test_distributed.py's two-rank update on two GPUs (NCCL), exactly one process's
 On a machine without CUDA every part is skipped and the command exits 0: the suite runs it that way.
 Exit code: 1 if any check failed, 2 for a bad flag (before any part runs), else 0.
@@ -54,9 +60,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class Row:
     part: str
     check: str
-    status: str  # "pass", "FAIL" or "skipped: why"
+    status: str  # "pass" or "FAIL" against its limit, "measured" (a figure with no limit), or "skipped: why"
     number: str = ""
     limit: str = ""
+    budget: str = ""  # the part's time budget (times --time-scale), within which all its rows were measured
 
 
 def verdict(ok: bool) -> str:
@@ -204,10 +211,12 @@ def preset_path(folder, device="cuda", config=None, prompts=PRESET_PROMPTS, resp
     Returns the numbers (memory ones on CUDA only). config: another model shape (a CPU runs a small one)."""
     import rollout
     import train
+    from cegppo_utils import distributed as D
     from cegppo_utils import flags, tiny
     from tools import bench
     cuda = torch.device(device).type == "cuda"
-    args = flags.resolve("r1-distill-1.5b", {"micro_batch_size": len(prompts)})
+    # no warm-up: the preset's first step runs at lr 0 (verl's schedule), and the probe must see trained weights
+    args = flags.resolve("r1-distill-1.5b", {"micro_batch_size": len(prompts), "warmup_steps": 0})
     config = config or bench.R1_DISTILL_1P5B
     # a byte-level BPE of the tiny task (seconds) stands in for the hub tokenizer: the engine needs one, and the
     # model keeps its 151,936 rows (ids past the tokenizer's decode to nothing)
@@ -217,6 +226,7 @@ def preset_path(folder, device="cuda", config=None, prompts=PRESET_PROMPTS, resp
     half = torch.bfloat16 if args.precision == "bf16" else torch.float32
     model.save_pretrained(folder, state_dict={k: v.to("cpu", half) for k, v in model.state_dict().items()})
     tokenizer.save_pretrained(folder)
+    model = D.place_model(model, args.precision, torch.device(device))  # as train.load_policy: bf16 is FSDP2's
 
     def used():  # device memory in use by anyone: torch's allocator, the engine's pool, the CUDA context
         free, total = torch.cuda.mem_get_info()
@@ -235,7 +245,13 @@ def preset_path(folder, device="cuda", config=None, prompts=PRESET_PROMPTS, resp
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     policy = train.make_policy(args, model, optimizer, pad_id=tokenizer.pad_token_id, device=torch.device(device),
                                fused=True)
+    if cuda:  # what sleep gives back, read just around it: nothing else allocates or frees in between
+        torch.cuda.synchronize()
+        awake = used()
     engine.sleep()
+    if cuda:
+        torch.cuda.synchronize()
+        out["engine_asleep_bytes"] = out["engine_awake_bytes"] - (awake - used())
     for p in model.parameters():  # AdamW's moments resident, as from a run's second step on
         p.grad = torch.zeros_like(p)
     optimizer.step()
@@ -246,20 +262,24 @@ def preset_path(folder, device="cuda", config=None, prompts=PRESET_PROMPTS, resp
              "advantage": (-1.0) ** i, "correct": i % 2 == 0} for i, p in enumerate(prompts)]
     if cuda:
         torch.cuda.synchronize()
-        out["engine_asleep_bytes"] = used() - before_engine
-        out["outside_torch_bytes"] = used() - torch.cuda.memory_reserved()  # the engine asleep, the CUDA context
+        # what device memory holds beyond torch's default pool: the engine asleep, the CUDA context (the engine's
+        # sleep-mode pool is torch's too, but holds nothing while it sleeps at level 2)
+        out["outside_torch_bytes"] = used() - torch.cuda.memory_reserved()
         out["total_bytes"] = torch.cuda.mem_get_info()[1]
+    before = next(p for p in model.parameters()).detach().clone()
     out["update_s"], out["micro_batches"], _ = bench._timed_update(policy, seqs, args)  # resets the peaks first
+    out["update_moved"] = not torch.equal(before, next(p for p in model.parameters()).detach())  # lr > 0
     if cuda:
         out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
         out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
     engine.wake_up()
-    engine.load_weights(model.named_parameters())
+    engine.load_weights(D.full_named_parameters(model))  # the weight sync as train.py makes it
     if cuda:
         torch.cuda.synchronize()
         out["awake_bytes"] = used()
     out["stale"] = rollout.stale_tensors(engine, model)
     head = model.get_parameter("lm_head.weight")
+    head = head.to_local() if hasattr(head, "to_local") else head  # FSDP2 in one process: the local shard is whole
     kept = head[0, 0].item()
     with torch.no_grad():
         head[0, 0] += 1.0  # the trainer moves a weight the sync then misses (a change bf16 sees)
@@ -289,7 +309,8 @@ def preset_rows() -> list[Row]:
             f"{gib(m['peak_allocated_bytes']):.1f}) + {gib(m['outside_torch_bytes']):.1f} outside it "
             f"({m['update_s']:.0f} s)",
             f"<= 90% of {gib(total):.0f} GiB"),
-        Row("preset path", f"the engine asleep (level {rollout.SLEEP_LEVEL}): what it keeps of its memory",
+        Row("preset path", f"the engine asleep (level {rollout.SLEEP_LEVEL}): what it keeps of its own memory (its "
+                           "footprint at start minus what sleep gave back, read around the call)",
             verdict(m["engine_asleep_bytes"] <= 0.2 * m["engine_awake_bytes"]),
             f"{gib(m['engine_asleep_bytes']):.2f} of {gib(m['engine_awake_bytes']):.1f} GiB", "<= 20%"),
         Row("preset path", "awake after the update: the engine beside the trainer's resident state",
@@ -298,8 +319,11 @@ def preset_rows() -> list[Row]:
         Row("preset path", "one sync after wake: the exact check equal; a weight the sync missed named",
             verdict(m["stale"] == [] and m["missed_named"] == ["lm_head.weight"]),
             f"stale {m['stale'] or 'none'}; missed one named {m['missed_named']}", "none; ['lm_head.weight']"),
-        Row("preset path", "probe log-prob gap at the 1.5B shape in bf16 (random weights: near-uniform, a lower bound)",
-            verdict(m["probe_gap"] <= tolerance), f"{m['probe_gap']:.3g}", f"<= {tolerance:g}"),
+        Row("preset path", "probe log-prob gap at the 1.5B shape in bf16 after an update at lr 1e-6 (random weights: "
+                           "near-uniform, a lower bound)",
+            verdict(m["probe_gap"] <= tolerance and m["update_moved"]),
+            f"{m['probe_gap']:.3g}" + ("" if m["update_moved"] else "; the update moved no weight"),
+            f"<= {tolerance:g}"),
     ]
 
 
@@ -309,18 +333,24 @@ def update_rows() -> list[Row]:
         return [Row("1.5B update", "tokens/s, MFU", why)]
     from tools import bench
     out = bench.bench_update_throughput("cuda", sequences=32, repeats=1, draws=("long_tailed",))
-    tag = f"{out['attention']}; 32 long-tailed sequences"
-    return [Row("1.5B update", f"tokens/s, padded micro-batches of 4 ({tag})", "pass",
-                f"{out['long_tailed_padded_tokens_per_s']:,.0f} tok/s, "
-                f"peak {out['long_tailed_padded_peak_gib']:.1f} GiB",
-                "measured"),
-            Row("1.5B update", f"tokens/s, packed rows of 20,480 tokens ({tag})", "pass",
-                f"{out['long_tailed_packed_tokens_per_s']:,.0f} tok/s, "
-                f"peak {out['long_tailed_packed_peak_gib']:.1f} GiB",
-                "measured"),
-            Row("1.5B update", "MFU packed, attention FLOPs counted", verdict(out["long_tailed_packed_mfu"] >= 0.40),
-                f"{100 * out['long_tailed_packed_mfu']:.0f}% of {out['matmul_rate_tflops']:.0f} TFLOP/s (bf16 GEMM "
-                f"measured here)", ">= 40%")]
+    kernels = ", ".join(f"{k} x{n}" for k, n in out["attention_kernel_calls"].items()) or "none"
+    tag = f"{out['precision']}, Liger {'on' if out['liger'] else 'off'}; attention ran: {kernels}"
+    peak, rate = out["dense_bf16_peak_tflops"], out["matmul_rate_tflops"]
+    rows = []
+    for layout, what in (("padded", "padded micro-batches of 4 (the preset's)"), ("packed", "packed rows of 20,480")):
+        rows.append(Row("1.5B update", f"tokens/s, {what}, 32 long-tailed sequences ({tag})", "measured",
+                        f"{out[f'long_tailed_{layout}_tokens_per_s']:,.0f} tok/s, "
+                        f"peak {out[f'long_tailed_{layout}_peak_gib']:.1f} GiB"))
+    for layout in ("packed", "padded"):
+        mfu = out[f"long_tailed_{layout}_mfu_of_peak"] if peak else out[f"long_tailed_{layout}_mfu"]
+        of = (f"of the dense bf16 peak {peak:.0f} TFLOP/s" if peak else
+              f"of the bf16 GEMM rate measured here, {rate:.0f} TFLOP/s (this card's peak is not in the table)")
+        beside = (f"; {100 * out[f'long_tailed_{layout}_mfu']:.0f}% of the GEMM rate measured, {rate:.0f}"
+                  if peak else "")
+        rows.append(Row("1.5B update", f"MFU {layout}, attention FLOPs counted",
+                        verdict(mfu >= 0.40) if layout == "packed" else "measured",
+                        f"{100 * mfu:.0f}% {of}{beside}", ">= 40%" if layout == "packed" else ""))
+    return rows
 
 
 @dataclass
@@ -336,9 +366,11 @@ PARTS = {
     "cuda tests": Part(lambda: pytest_rows("cuda tests", "tests/test_cuda.py", "-m", "not slow"), 100,
                        "tests/test_cuda.py"),
     "bf16 run": Part(bf16_run, 90, "train.py --preset tiny --precision bf16, 3 steps"),
-    "vllm cycles": Part(vllm_cycles, 75, "sleep / wake / sync, seeds"),
-    "preset path": Part(preset_rows, 150, "1.5B-shaped bf16 engine asleep beside the trainer; update, wake, sync"),
-    "1.5B update": Part(update_rows, 100, "tokens/s, MFU"),
+    # the vLLM parts: a cold engine compiles its model (torch.compile) and captures CUDA graphs, about a minute at start
+    # (vLLM's documentation; rollout.make_sampler), so each budget is twice its estimate with that minute in it
+    "vllm cycles": Part(vllm_cycles, 240, "sleep / wake / sync, seeds"),
+    "preset path": Part(preset_rows, 360, "1.5B-shaped bf16 engine asleep beside the trainer; update, wake, sync"),
+    "1.5B update": Part(update_rows, 140, "tokens/s, MFU"),
     "two ranks": Part(lambda: pytest_rows("two ranks", "tests/test_distributed.py", "-k",
                                           "test_two_ranks_update_like_one_process", gpus=2), 75,
                       "tests/test_distributed.py", gpus=2),
@@ -376,17 +408,17 @@ def run_part(name, budget_s) -> list[Row]:
                             f"<= {budget_s:.0f} s")]
         if os.path.exists(rows_path):
             with open(rows_path) as f:
-                return [Row(**r) for r in json.load(f)]
+                return [Row(**{**r, "budget": f"{budget_s:.0f} s"}) for r in json.load(f)]
         lines = open(log_path).read().strip().splitlines() or ["no output"]
         raised = [line for line in lines if re.match(r"[\w.]+(Error|Exception|Interrupt)\b", line)]
         return [Row(name, "ran", "FAIL", f"exit {proc.returncode}: {(raised or lines)[-1][:150]}")]
 
 
 def table(rows: list[Row]) -> str:
-    head = Row("part", "check", "status", "number", "limit")
-    cells = [[r.part, r.check, r.status, r.number, r.limit] for r in [head, *rows]]
-    widths = [max(len(c[i]) for c in cells) for i in range(5)]
-    lines = ["  ".join(c[i].ljust(widths[i]) for i in range(5)).rstrip() for c in cells]
+    head = Row("part", "check", "status", "number", "limit", "budget")
+    cells = [[r.part, r.check, r.status, r.number, r.limit, r.budget] for r in [head, *rows]]
+    widths = [max(len(c[i]) for c in cells) for i in range(6)]
+    lines = ["  ".join(c[i].ljust(widths[i]) for i in range(6)).rstrip() for c in cells]
     return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
 
 
@@ -429,29 +461,23 @@ def print_bf16_gap_estimate(vocab=151936, tops=(10.0, 20.0, 30.0, 40.0)):
 # --- the command line --------------------------------------------------------------------------------------------
 
 def check_output(parser, path):
-    """--output's folder exists (created here) and takes a file, before any part runs; else one line, exit 2."""
-    if os.path.isdir(path):
-        parser.exit(2, f"gpu_check.py: error: --output {path} is a folder; name a file in it\n")
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        parser.exit(2, f"gpu_check.py: error: --output {path}: cannot create its folder {folder} ({e.strerror})\n")
-    if not os.access(folder, os.W_OK):
-        parser.exit(2, f"gpu_check.py: error: --output {path}: its folder {folder} is not writable\n")
+    """--output is a file (not a folder, a link or a FIFO) whose folder exists (created here) and takes a file, before
+    any part runs; else one line, exit 2."""
+    from tools import cli
+    problem = cli.output_problem(path, "--output", create=True)
+    if problem:
+        parser.error(problem)
 
 
 def write_json(path, payload):
-    """Whole or not at all: a temporary file in the same folder, renamed into place."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, path)
+    """Whole or not at all, never through a link planted at its name (runfolder's writer)."""
+    from cegppo_utils import runfolder
+    runfolder.write_json_atomically(path, payload)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from tools import cli  # one line and exit code 2 for every bad input, before any part runs
+    parser = cli.Parser("gpu_check.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {list(PARTS)}")
     parser.add_argument("--output", default=None, help="also write the rows as JSON to this file (folder created)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiply every part's budget (a slow machine)")
@@ -467,13 +493,11 @@ def main(argv=None) -> int:
     if args.estimate_bf16_gap:
         print_bf16_gap_estimate()
         return 0
-    chosen = [p.strip() for p in args.only.split(",") if p.strip()]
-    unknown = [p for p in chosen if p not in PARTS]
-    if unknown:
-        parser.exit(2, f"gpu_check.py: error: --only: unknown part(s) {unknown}; choose from {list(PARTS)}\n")
-    if not args.time_scale > 0:
-        parser.exit(2, f"gpu_check.py: error: --time-scale must be > 0, got {args.time_scale}\n")
+    chosen = cli.choices(parser, args.only, PARTS, "--only", "part")  # an empty one would check nothing and pass
+    if not 0 < args.time_scale < float("inf"):
+        parser.error(f"--time-scale must be > 0 and finite, got {args.time_scale}")
     if args.output:
+        args.output = os.path.expanduser(args.output)
         check_output(parser, args.output)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
     budget = sum(PARTS[name].budget_s for name in chosen) * args.time_scale

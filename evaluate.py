@@ -13,6 +13,10 @@ setting is overridable and written to the output, with each problem's per-sample
 checked against the model's context before anything is sampled; the JSON is rewritten after each benchmark, so a
 failure later loses nothing finished.
 
+The seed is 0 unless given. train.py's held-out score of step N (eval_acc) used its own seed, logged beside it as
+eval_seed (seed x 1000003 + N - 1 + 500000): `--seed-of RUN N` scores as that evaluation did (its seed, sampler,
+dtype, held-out set and budget), and gives the run's number (cegppo_utils/heldout.py says what must agree).
+
 Metrics, per benchmark, over its problems:
   avg@k   mean accuracy of the k samples, averaged over problems (the paper's metric)
   pass@j  unbiased estimate (Chen et al. 2021): 1 - C(k - c, j) / C(k, j) for c correct of k, j = 1, 2, 4, ..., k
@@ -29,7 +33,6 @@ import os
 # the log (set TORCH_CPP_LOG_LEVEL yourself to see more). Must be set before torch is imported.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-import argparse
 import json
 import math
 import re
@@ -40,7 +43,7 @@ from collections import Counter
 import loss as L
 from cegppo_utils import data, heldout
 from cegppo_utils.data import UserError
-from cegppo_utils.flags import HelpFormatter
+from cegppo_utils.flags import HelpFormatter, Parser, refuse_unknown
 from cegppo_utils.heldout import TEMPERATURE, TOP_P
 
 # avg@k (%) from the paper's main table, for --compare
@@ -63,8 +66,10 @@ PAPER = {
     },
 }
 PAPER_K = dict(aime24=32, aime25=32, hmmt25=32, math500=4, amc23=32)
-DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")  # vLLM's --dtype values: checked before it starts
-DEFAULT_OUTPUT = os.path.join("runs", "eval", "{model}-{benchmarks}.json")  # --output when not given
+# vLLM's --dtype values (checked before it starts), and "weights": the dtype the model's weights are stored in
+DTYPES = ("weights", "auto", "bfloat16", "float16", "float32", "half", "float")
+DEFAULT_OUTPUT = os.path.join("runs", "eval", "{model}-{benchmarks}{seed}.json")  # --output when not given
+DEFAULT_BENCHMARKS = ("aime24", "aime25", "hmmt25", "math500", "amc23")  # the paper's five
 # --- metrics ------------------------------------------------------------------------------------
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -198,14 +203,16 @@ def check_fit(problems, tokenizer, max_tokens, context, benchmark, skip_long):
     return [p for p, _ in fits], sorted(skipped, key=str), max((n for _, n in fits), default=0)
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="evaluate.py", description=__doc__, formatter_class=HelpFormatter)
-    parser.error = lambda message: parser.exit(2, f"evaluate.py: error: {message}\n")  # one line
-    parser.add_argument("--model", required=True,
-                        help="HF hub id or local path; 'tiny' (or 'tiny:<task>') for the project's tiny model")
-    parser.add_argument("--benchmarks", default="aime24,aime25,hmmt25,math500,amc23",
+def build_parser():
+    """evaluate.py's flags; errors in one line with exit code 2 (flags.Parser), every default said once in --help."""
+    parser = Parser(prog="evaluate.py", description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    parser.add_argument("--model", default=None,
+                        help="HF hub id or local path; 'tiny' (or 'tiny:<task>') for the project's tiny model; with "
+                             "--seed-of RUN STEP, that step's checkpoint or RUN/final where not given")
+    parser.add_argument("--benchmarks", default=None,
                         help=f"comma-separated names from {sorted(data.BENCHMARKS) + data.task_names()}, or data "
-                             "file paths (.json/.jsonl/.parquet with problem/answer, or the KlearReasoner layout)")
+                             "file paths (.json/.jsonl/.parquet with problem/answer, or the KlearReasoner layout) "
+                             "(default: aime24,aime25,hmmt25,math500,amc23; with --seed-of, the run's --eval-data)")
     parser.add_argument("--k", type=int, default=None,
                         help="samples per problem for every benchmark (default: the paper's for each, 8 for files)")
     parser.add_argument("--temperature", type=float, default=TEMPERATURE,
@@ -213,7 +220,8 @@ def parse_args(argv=None):
     parser.add_argument("--top-p", type=float, default=TOP_P,
                         help="nucleus sampling; the default is the official validation config's")
     parser.add_argument("--max-tokens", type=int, default=None,
-                        help="response budget for every benchmark (default: 32k AIME, 16k others)")
+                        help="response budget for every benchmark (default: 32k AIME, 16k others; with --seed-of, "
+                             "capped at the run's --max-response-len as its evaluations were)")
     parser.add_argument("--data-dir", default=None,
                         help="read the named benchmarks from local files in their public layouts instead of the hub")
     parser.add_argument("--limit", type=int, default=None,
@@ -222,45 +230,120 @@ def parse_args(argv=None):
                         help="leave out (and record) problems whose prompt + max tokens exceed the model's context")
     parser.add_argument("--output", default=None,
                         help="where to write the JSON results, an existing file only with --overwrite (default: "
-                             f"{DEFAULT_OUTPUT.format(model='MODEL', benchmarks='BENCHMARKS')}, the model and "
-                             "benchmarks as given, / and , written -)")
+                             f"{DEFAULT_OUTPUT.format(model='MODEL', benchmarks='BENCHMARKS', seed='')}, the model and "
+                             "benchmarks as given, / and , written -, and -seed-N for a seed other than 0)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     parser.add_argument("--responses", action="store_true", help="also store every response text in the JSON")
     parser.add_argument("--compare", default=None, choices=sorted(PAPER),
                         help="add the paper's rows for this model to the table")
-    parser.add_argument("--sampler", default="auto", choices=["auto", "vllm", "hf"], help="sampling backend")
-    parser.add_argument("--dtype", default="auto", choices=DTYPES, help="model dtype for vLLM")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--sampler", default=None, choices=["auto", "vllm", "hf"],
+                        help="sampling backend (default: auto; with --seed-of, the run's)")
+    parser.add_argument("--dtype", default=None, choices=DTYPES,
+                        help="model dtype for vLLM (default: weights, the dtype its config.json stores them in, as "
+                             "train.py's sampler runs an fp32 run's; with --seed-of, the run's --precision). auto is "
+                             "vLLM's choice: bf16 on a CPU and fp16 on a GPU for float32 weights")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="sampling seed (default: 0); train.py evaluates step N of a run with seed "
+                             "seed x 1000003 + N - 1 + 500000, its metrics.jsonl's eval_seed")
+    parser.add_argument("--seed-of", nargs=2, metavar=("RUN", "STEP"), default=None,
+                        help="score as train.py scored step STEP of the run in RUN: its eval_seed, sampler, "
+                             "precision, held-out set and token budget, where not given (heldout.py)")
+    return parser
+
+
+# Upper bounds are what torch and the samplers take (torch.manual_seed takes 64 bits; the vLLM engine's own seed, 32,
+# gets seed mod 2**32, so train.py's eval_seed reproduces; a temperature below 0.01 divides logits into inf in float32
+# with HF generate). Checked as train.py's flags are: loss.Rule.
+RULES = {"k": L.Rule(1, 2**16, integer=True, says=">= 1 and at most 65536"),
+         "limit": L.Rule(1, 2**31, high_open=True, integer=True, says=">= 1 and below 2**31"),
+         "max_tokens": L.Rule(1, 2**31, high_open=True, integer=True, says=">= 1 and below 2**31"),
+         "temperature": L.Rule(0.01, 100, also=(0,), says="0 (greedy) or in [0.01, 100]"),
+         "top_p": L.Rule(0, 1, low_open=True),
+         "seed": L.Rule(0, 2**63, high_open=True, integer=True, says="in [0, 2**63)")}
+
+
+def parse_args(argv=None):
+    """The command line -> its settings, every bad value one line and exit code 2 before anything loads. A leading ~ is
+    the home folder, also where no shell expanded it (--output=~/r.json)."""
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    refuse_unknown(parser, argv, {o for action in parser._actions for o in action.option_strings})
     args = parser.parse_args(argv)
-    # a leading ~ is the home folder, also where no shell expanded it (--output=~/r.json)
+    empty = [name for name in ("model", "benchmarks", "output", "data_dir") if getattr(args, name) == ""]
+    if empty:
+        parser.error(f"--{empty[0].replace('_', '-')} is empty (an unset shell variable?); give it a value, or leave "
+                     "the flag out")
+    args.run = None
+    if args.seed_of:
+        like_the_run(args, parser)
+    if args.model is None:
+        parser.error("the following arguments are required: --model")
+    args.seed = 0 if args.seed is None else args.seed
+    args.sampler, args.dtype = args.sampler or "auto", args.dtype or "weights"
     args.output_is_default = args.output is None
     if args.output is None:  # beside the runs, named after what was evaluated (never the repository's root)
-        names = {"model": args.model, "benchmarks": args.benchmarks}
-        args.output = DEFAULT_OUTPUT.format(**{k: re.sub(r"[^\w.-]+", "-", v.strip("/.~")) for k, v in names.items()})
+        names = {"model": args.model, "benchmarks": args.benchmarks or ",".join(DEFAULT_BENCHMARKS)}
+        args.output = DEFAULT_OUTPUT.format(**{k: re.sub(r"[^\w.-]+", "-", v.strip("/.~")) for k, v in names.items()},
+                                            seed=f"-seed-{args.seed}" if args.seed else "")
     args.model, args.output = os.path.expanduser(args.model), os.path.expanduser(args.output)
     args.data_dir = args.data_dir and os.path.expanduser(args.data_dir)
-    args.benchmarks = [os.path.expanduser(b.strip()) for b in args.benchmarks.split(",") if b.strip()]
-    # Upper bounds are what torch and the samplers take (torch.manual_seed takes 64 bits; the vLLM engine's own
-    # seed, 32, gets seed mod 2**32, so train.py's eval_seed reproduces; a temperature below 0.01 divides logits
-    # into inf in float32 with HF generate). Checked as train.py's flags are: loss.Rule.
-    rules = {"k": L.Rule(1, 2**16, integer=True, says=">= 1 and at most 65536"),
-             "limit": L.Rule(1, 2**31, high_open=True, integer=True, says=">= 1 and below 2**31"),
-             "max_tokens": L.Rule(1, 2**31, high_open=True, integer=True, says=">= 1 and below 2**31"),
-             "temperature": L.Rule(0.01, 100, also=(0,), says="0 (greedy) or in [0.01, 100]"),
-             "top_p": L.Rule(0, 1, low_open=True),
-             "seed": L.Rule(0, 2**63, high_open=True, integer=True, says="in [0, 2**63)")}
-    for name, rule in rules.items():
+    named = args.benchmarks or ",".join(DEFAULT_BENCHMARKS)
+    args.benchmarks = [os.path.expanduser(b.strip()) for b in named.split(",") if b.strip()]
+    for name, rule in RULES.items():
         value = getattr(args, name)
         problem = rule.problem("--" + name.replace("_", "-"), value) if value is not None else None
         if problem:
             parser.error(problem)
     if os.path.isfile(args.output) and not args.overwrite:
-        parser.error(f"--output {args.output} exists; pass --overwrite to replace it, or choose another file")
+        parser.error(f"--output {args.output} exists; pass --overwrite to replace it, or --output FILE to write "
+                     f"another (e.g. --output {free_name(args.output)})")
     unknown = [b for b in args.benchmarks if not data.is_benchmark(b)]
     if unknown or not args.benchmarks:
         parser.error(f"unknown benchmark(s) {unknown}: give names from {sorted(data.BENCHMARKS) + data.task_names()} "
                      "or data file paths (.json/.jsonl/.parquet)")
     return args
+
+
+def free_name(path: str) -> str:
+    """path with -2, -3, ... before its suffix: the first name no file has yet."""
+    stem, suffix = os.path.splitext(path)
+    n = 2
+    while os.path.lexists(f"{stem}-{n}{suffix}"):
+        n += 1
+    return f"{stem}-{n}{suffix}"
+
+
+def like_the_run(args, parser):
+    """--seed-of RUN STEP: the settings train.py evaluated step STEP of that run with (train.evaluation_row), for
+    those not given: the seed it logged (eval_seed in metrics.jsonl, else heldout.eval_seed), its sampler, its
+    precision as vLLM's dtype, its --eval-data, its token budget (capped at --max-response-len) and the model of that
+    step (its checkpoint, or final/ where that is the step it holds)."""
+    from cegppo_utils import runfolder as RF
+    run, step_text = os.path.expanduser(args.seed_of[0]), args.seed_of[1]
+    config = RF.run_config_file(run)
+    if config is None:
+        parser.error(f"--seed-of {run}: not a run folder (no config.json with its flags)")
+    if not step_text.isdigit():
+        parser.error(f"--seed-of {run} {step_text}: the step must be a whole number >= 0")
+    if args.seed is not None:
+        parser.error("--seed and --seed-of both give the seed; give one")
+    step, flags = int(step_text), RF.read_json_object(config).get("flags") or {}
+    logged = [r.get("eval_seed") for r in RF.read_jsonl(os.path.join(run, "metrics.jsonl")) if r.get("step") == step]
+    args.seed = logged[-1] if logged and isinstance(logged[-1], int) else heldout.eval_seed(flags.get("seed", 0), step)
+    args.sampler = args.sampler or flags.get("sampler")
+    args.dtype = args.dtype or {"fp32": "float32", "bf16": "bfloat16"}.get(flags.get("precision"))
+    if args.benchmarks is None:
+        if not flags.get("eval_data"):
+            parser.error(f"--seed-of {run}: the run evaluated on no held-out set; give --benchmarks")
+        args.benchmarks = flags["eval_data"]
+    args.run = {"folder": run, "step": step, "max_response_len": flags.get("max_response_len")}
+    if args.model is None:
+        checkpoint = os.path.join(run, "checkpoints", f"step_{step:06d}")
+        args.model = checkpoint if os.path.isdir(checkpoint) else (
+            os.path.join(run, "final") if RF.final_step(run) == step else None)
+        if args.model is None:
+            parser.error(f"--seed-of {run} {step}: the run keeps no checkpoint of step {step}, and its final/ is "
+                         "another step's policy; give --model")
 
 
 def main(argv=None):
@@ -274,7 +357,8 @@ def main(argv=None):
     sampler = make_eval_sampler(args, model_path, tokenizer, context, plan)
     results = {"settings": {"model": args.model, "model_path": model_path, "temperature": args.temperature,
                             "top_p": args.top_p, "seed": args.seed, "sampler": type(sampler).__name__,
-                            "data": args.data_dir or "hub", "limit": args.limit, "context": context},
+                            "dtype": args.dtype, "seed_of": args.run, "data": args.data_dir or "hub",
+                            "limit": args.limit, "context": context},
                "benchmarks": {}}
     for b, (fits, skipped, _, k, budget) in plan.items():
         start = time.perf_counter()
@@ -337,6 +421,8 @@ def plan_benchmark(b, problems, args, tokenizer, context):
     """(problems that fit, skipped ids, longest prompt, k, max tokens) of one benchmark."""
     settings = heldout.sampling_settings(b)
     k, budget = args.k or settings["k"], args.max_tokens or settings["max_tokens"]
+    if not args.max_tokens and args.run and args.run["max_response_len"]:  # --seed-of: as train.eval_settings caps it
+        budget = min(budget, args.run["max_response_len"])
     if not args.max_tokens and budget >= context:  # a default budget the model cannot hold: half its context
         budget = context // 2
         print(f"{b}: the default budget of {settings['max_tokens']} tokens exceeds {args.model}'s context of "
@@ -354,9 +440,21 @@ def make_eval_sampler(args, model_path, tokenizer, context, plan):
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         return rollout.make_sampler("hf", model_path, model=model, tokenizer=tokenizer)
     need = max(longest + budget for _, _, longest, _, budget in plan.values())
+    if args.dtype == "weights":
+        args.dtype = weights_dtype(model_path)
     # nothing trains beside it: enable_sleep_mode off, its memory is never freed
     return rollout.make_sampler("vllm", model_path, tokenizer=tokenizer, dtype=args.dtype, seed=args.seed % 2**32,
                                 max_model_len=min(need, context), gpu_memory_utilization=0.9, enable_sleep_mode=False)
+
+
+def weights_dtype(model_path) -> str:
+    """The dtype a model's config.json stores its weights in ("float32", "bfloat16", ...), for vLLM; "auto" where it
+    says none. vLLM's own "auto" samples float32 weights in bf16 (a CPU) or fp16 (a GPU): another distribution than
+    train.py's, which samples an fp32 run in float32 (heldout.py)."""
+    from transformers import AutoConfig
+    config = AutoConfig.from_pretrained(model_path)
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype else "auto"
 
 
 def write_json(path, obj):
@@ -369,7 +467,8 @@ if __name__ == "__main__":
     try:
         main()
     except UserError as e:
-        sys.stderr.write(f"evaluate.py: error: {e}\n")
+        from cegppo_utils.runfolder import one_line
+        sys.stderr.write(f"evaluate.py: error: {one_line(e)}\n")
         sys.exit(2)
     except KeyboardInterrupt:  # the JSON holds every benchmark finished so far (it is rewritten after each)
         sys.exit("evaluate.py: interrupted; the benchmarks finished so far are in --output")

@@ -100,7 +100,8 @@ def reduced_metrics(log_rhos, corrected, device) -> dict:
     count, units = D.all_reduce([log_rho.numel(), flags.numel()], device)
     means = D.all_reduce([m["rollout_kl_k3"] * log_rho.numel(), m["rollout_ratio_mean"] * log_rho.numel(),
                           m["rollout_corrected_frac"] * flags.numel()], device)
-    m.update(rollout_kl_k3=means[0] / count, rollout_ratio_mean=means[1] / count, rollout_corrected_frac=means[2] / max(units, 1),
+    m.update(rollout_kl_k3=means[0] / count, rollout_ratio_mean=means[1] / count,
+             rollout_corrected_frac=means[2] / max(units, 1),
              rollout_ratio_min=D.all_reduce([m["rollout_ratio_min"]], device, op="min")[0],
              rollout_ratio_max=D.all_reduce([m["rollout_ratio_max"]], device, op="max")[0],
              rollout_abs_log_ratio_p99=D.all_reduce([m["rollout_abs_log_ratio_p99"]], device, op="max")[0])

@@ -121,7 +121,8 @@ def to_row(record, where: str, index: int, question_path: str | None = None, ans
                 raise UserError(f"{where}: `prompt` message {k} has role {role[:40]!r}; expected one of {list(ROLES)}")
             messages.append({"role": role, "content": _text(content, where, f"`prompt` message {k}")})
         if messages[-1]["role"] != "user":
-            raise UserError(f"{where}: the last `prompt` message must be the user's question (got {messages[-1]['role']!r})")
+            raise UserError(f"{where}: the last `prompt` message must be the user's question "
+                            f"(got {messages[-1]['role']!r})")
     else:
         question = record.get("problem") or record.get("question") or (prompt if isinstance(prompt, str) else None)
         if not isinstance(question, str) or not question.strip():
@@ -168,7 +169,8 @@ def open_regular_file(path: str):
     if not stat.S_ISREG(mode):
         os.close(fd)
         kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else
-                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file")
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+                "a socket" if stat.S_ISSOCK(mode) else "not a file")
         raise UserError(f"{path}: {kind}, not a regular file; give a .json, .jsonl or .parquet file")
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
@@ -252,8 +254,9 @@ class _JsonStream:
                 # a value cut by the end of the buffer: read more; anything else is malformed
                 if self.eof or (e.pos < len(self.buf) - 10 and not e.msg.startswith("Unterminated string")):
                     extra = self.buf.count("\n", self.pos, e.pos)
-                    at = f"line {self.line + extra} column {self.column(e.pos)}: " if extra and label.startswith("row") else \
-                        "" if extra else f"column {self.column(e.pos)}: "  # JSON lines: the row's line says it
+                    at = (f"line {self.line + extra} column {self.column(e.pos)}: "
+                          if extra and label.startswith("row") else
+                          "" if extra else f"column {self.column(e.pos)}: ")  # JSON lines: the row's line says it
                     raise UserError(f"{self.path}: {label} is not valid JSON ({at}{e.msg})") from None
             except RecursionError:
                 raise UserError(f"{self.path}: {label} is nested too deeply (past Python's recursion limit)") from None
@@ -268,7 +271,8 @@ class _JsonStream:
         got = self.peek()
         if got == "" or got not in chars:
             raise UserError(f"{self.path}: not valid JSON (line {self.line} column {self.column(self.pos)}: "
-                            f"expected {' or '.join(repr(c) for c in chars)} after {where}, got {got or 'the end of the file'!r})")
+                            f"expected {' or '.join(repr(c) for c in chars)} after {where}, "
+                            f"got {got or 'the end of the file'!r})")
         self.advance(self.pos + 1)
         return got
 
@@ -373,10 +377,12 @@ def load_rows(source: str, *, split: str = "train", seed: int = 0) -> list[dict]
     if source in task_names():
         return _task_rows(source, "train" if split == "train" else "test", seed)
     if os.path.isdir(source):
-        raise UserError(f"{source} is a folder; give a .json, .jsonl or .parquet file, a hub id or a task ({task_names()})")
+        raise UserError(f"{source} is a folder; give a .json, .jsonl or .parquet file, a hub id or a task "
+                        f"({task_names()})")
     if os.path.lexists(source):  # a dangling or looping link too: reading it says which
         records = read_records(source)
-    elif source.lower().endswith(FILE_TYPES) or source.startswith((".", "/", "~")) or os.path.isdir(source.split("/")[0]):
+    elif (source.lower().endswith(FILE_TYPES) or source.startswith((".", "/", "~"))
+          or os.path.isdir(source.split("/")[0])):
         raise UserError(f"{source}: no such file")  # a path (its folder exists here), not a hub id
     elif re.fullmatch(r"[\w.-]+/[\w.-]+", source):
         records = _hub_records(source, split)[1]
@@ -394,11 +400,14 @@ def load_rows(source: str, *, split: str = "train", seed: int = 0) -> list[dict]
 
 BENCHMARKS = {
     "aime24": dict(hub="HuggingFaceH4/aime_2024", split="train", question="problem", answer="answer", id="id",
-                   file="aime24.jsonl", file_question="messages.0.content", file_answer="meta.answer", k=32, max_tokens=32768),
+                   file="aime24.jsonl", file_question="messages.0.content", file_answer="meta.answer",
+                   k=32, max_tokens=32768),
     "aime25": dict(hub="MathArena/aime_2025", split="train", question="problem", answer="answer", id="problem_idx",
-                   file="aime25.jsonl", file_question="messages.0.content", file_answer="meta.solution", k=32, max_tokens=32768),
+                   file="aime25.jsonl", file_question="messages.0.content", file_answer="meta.solution",
+                   k=32, max_tokens=32768),
     "hmmt25": dict(hub="MathArena/hmmt_feb_2025", split="train", question="problem", answer="answer", id="problem_idx",
-                   file="hmmt25.jsonl", file_question="messages.0.content", file_answer="answer", k=32, max_tokens=16384),
+                   file="hmmt25.jsonl", file_question="messages.0.content", file_answer="answer",
+                   k=32, max_tokens=16384),
     "math500": dict(hub="HuggingFaceH4/MATH-500", split="test", question="problem", answer="answer", id="unique_id",
                     file="math500.jsonl", file_question="problem", file_answer="answer", k=4, max_tokens=16384),
     # field names of math-ai/amc23 not checked against its card; --data-dir reads the public file layout instead

@@ -31,54 +31,83 @@ class Args:
     """Every setting of a run but the objective's (loss.LossConfig): one flag each, its help the comment beside it,
     its allowed values its Rule (loss.field_problems checks both dataclasses alike)."""
     # --- model
-    model: str = "tiny"  # HF hub id or local path; "tiny" (or "tiny:<task>") builds/reuses the project's warm-started tiny model
-    precision: str = L.option("fp32", L.Rule(choices=("bf16", "fp32")))  # bf16 (autocast, fp32 master weights) | fp32
+    model: str = "tiny"  # HF hub id or local path; "tiny" (or "tiny:<task>")
+                         # builds/reuses the project's warm-started tiny model
+    precision: str = L.option("fp32", L.Rule(choices=("bf16", "fp32")))  # bf16 (FSDP2 mixed precision: bf16
+                                                                         # compute, fp32 master weights) | fp32
     gradient_checkpointing: bool = False  # recompute activations in backward to save memory
     fused_logprobs: bool = True  # log-probs straight from hidden states, one chunk of logits at a time (logprobs.py)
+    liger_kernels: bool = True  # on CUDA: Liger's Triton RMSNorm, RoPE and SwiGLU in the
+                                # trained model (models.use_liger); no effect on a CPU
     # --- data
     train_data: str = "arith"  # hub dataset id, local .json/.jsonl/.parquet, or an offline task name
-    eval_data: str = "auto"  # held-out problems for eval_acc: a benchmark name or file; auto = the task's own held-out set
-    seed: int = L.option(0, L.Rule(0, 2**31, high_open=True, integer=True, says="in [0, 2**31) (the sampler's engine seed is 32-bit)"))  # seeds data order, sampling and initialisation
+    eval_data: str = "auto"  # held-out problems for eval_acc: a benchmark name
+                             # or file; auto = the task's own held-out set
+    seed: int = L.option(  # seeds data order, sampling and initialisation
+        0, L.Rule(0, 2**31, high_open=True, integer=True, says="in [0, 2**31) (the sampler's engine seed is 32-bit)"))
     # --- algorithm: besides these, every field of loss.LossConfig is a flag of its own (--algo, --beta1, ...)
     loss: L.LossConfig = field(default_factory=L.LossConfig)
     scale_adv_by_std: bool = True  # GRPO advantages; --no-scale-adv-by-std = Dr. GRPO (r - mean)
     dynamic_sampling: bool = True  # drop groups whose accuracy has zero variance (official: on)
-    rollout_correction: str = L.option("none", L.Rule(choices=CORRECTION_MODES))  # sampler/trainer mismatch weights (correction.py)
-    rollout_correction_threshold: float = L.option(2.0, L.Rule(1, low_open=True, says="a finite number > 1"))  # C: TIS truncates the weight at C, MIS drops what exceeds C
-    icepop_low: float = L.option(ICEPOP_BAND[0], L.Rule(0, 1, low_open=True))  # alpha: --rollout-correction token-icepop zeroes the weight where pi_old / q < alpha (IcePop paper, verl: 0.5)
-    icepop_high: float = L.option(ICEPOP_BAND[1], L.Rule(1))  # beta: token-icepop zeroes the weight where pi_old / q > beta (IcePop paper, verl: 5)
+    rollout_correction: str = L.option("none", L.Rule(choices=CORRECTION_MODES))  # sampler/trainer mismatch
+                                                                                  # weights (correction.py)
+    rollout_correction_threshold: float = L.option(  # C: TIS truncates the weight at C, MIS drops what exceeds C
+        2.0, L.Rule(1, low_open=True, says="a finite number > 1"))
+    icepop_low: float = L.option(ICEPOP_BAND[0], L.Rule(0, 1, low_open=True))  # alpha: --rollout-correction
+                                                                               # token-icepop zeroes the weight
+                                                                               # where pi_old / q < alpha
+                                                                               # (IcePop paper, verl: 0.5)
+    icepop_high: float = L.option(ICEPOP_BAND[1], L.Rule(1))  # beta: token-icepop zeroes the weight where
+                                                              # pi_old / q > beta (IcePop paper, verl: 5)
     # --- sampling
     gen_prompts: int = L.option(32, COUNT)  # prompts sampled per step
-    n: int = L.option(8, L.Rule(2, integer=True, says=">= 2 (group-relative advantages need a group)"))  # responses per prompt
-    temperature: float = L.option(1.0, L.Rule(0.01, 100, says="in [0.01, 100] (logits / temperature must stay finite)"))  # rollout temperature; log-probs use the same temperature
+    n: int = L.option(  # responses per prompt
+        8, L.Rule(2, integer=True, says=">= 2 (group-relative advantages need a group)"))
+    temperature: float = L.option(  # rollout temperature; log-probs use the same temperature
+        1.0, L.Rule(0.01, 100, says="in [0.01, 100] (logits / temperature must stay finite)"))
     top_p: float = L.option(1.0, L.Rule(0, 1, low_open=True))  # rollout nucleus sampling
     top_k: int = L.option(0, AT_LEAST_0)  # rollout top-k (0 = off)
     max_prompt_len: int = L.option(64, COUNT)  # longer prompts are an error, found at start
     max_response_len: int = L.option(48, COUNT)  # responses are truncated here
-    min_response_len: int = L.option(0, AT_LEAST_0)  # no EOS before this many tokens (benchmarks: equal lengths on every side); 0 = off
+    min_response_len: int = L.option(0, AT_LEAST_0)  # no EOS before this many tokens (benchmarks:
+                                                     # equal lengths on every side); 0 = off
     sampler: str = L.option("auto", L.Rule(choices=("auto", "vllm", "hf")))  # which engine samples
-    gpu_memory_utilization: float = L.option(0.5, L.Rule(0, 1, low_open=True, high_open=True))  # share of GPU memory for vLLM (the rest is for training)
+    gpu_memory_utilization: float = L.option(  # share of GPU memory for vLLM (the rest is for training)
+        0.5, L.Rule(0, 1, low_open=True, high_open=True))
     # --- optimisation
-    lr: float = L.option(1e-4, L.Rule(0, 1, low_open=True, says="> 0 and at most 1 (an AdamW step moves a weight by about lr)"))  # AdamW learning rate, constant after warm-up
-    warmup_steps: int = L.option(0, AT_LEAST_0)  # linear warm-up over the first optimizer updates (official: 10, first update at lr 0)
+    lr: float = L.option(  # AdamW learning rate, constant after warm-up
+        1e-4, L.Rule(0, 1, low_open=True, says="> 0 and at most 1 (an AdamW step moves a weight by about lr)"))
+    warmup_steps: int = L.option(0, AT_LEAST_0)  # linear warm-up over the first optimizer
+                                                 # updates (official: 10, first update at lr 0)
     weight_decay: float = L.option(0.0, L.Rule(0))  # AdamW weight decay
     grad_clip: float = L.option(1.0, L.Rule(0, low_open=True))  # max global gradient norm
-    train_prompts: int = L.option(32, COUNT)  # at most this many kept groups are trained on per step (not given: follows --gen-prompts down)
-    mini_batch_prompts: int = L.option(4, COUNT)  # prompts per optimizer step (train_prompts / this = optimizer steps per step; not given: follows --gen-prompts down)
-    ppo_epochs: int = L.option(1, COUNT)  # passes over the step's kept groups (verl ppo_epochs): ppo_epochs x train_prompts / mini_batch_prompts optimizer steps per step, the later passes off-policy
-    micro_batch_size: int = L.option(32, COUNT)  # sequences per forward/backward; gradients accumulate over micro-batches
-    micro_batch_tokens: int = L.option(0, AT_LEAST_0)  # >0: padding-free micro-batches, sequences packed into rows of at most this many tokens (micro_batch_size unused); 0 = padded
+    train_prompts: int = L.option(32, COUNT)  # at most this many kept groups are trained on per
+                                              # step (not given: follows --gen-prompts down)
+    mini_batch_prompts: int = L.option(4, COUNT)  # prompts per optimizer step (train_prompts / this = optimizer
+                                                  # steps per step; not given: follows --gen-prompts down)
+    ppo_epochs: int = L.option(1, COUNT)  # passes over the step's kept groups (verl ppo_epochs):
+                                          # ppo_epochs x train_prompts / mini_batch_prompts
+                                          # optimizer steps per step, the later passes off-policy
+    micro_batch_size: int = L.option(32, COUNT)  # sequences per forward/backward;
+                                                 # gradients accumulate over micro-batches
+    micro_batch_tokens: int = L.option(0, AT_LEAST_0)  # >0: padding-free micro-batches, sequences packed into rows of
+                                                       # at most this many tokens (micro_batch_size unused); 0 = padded
     max_steps: int = L.option(100, COUNT)  # training steps
     # --- run folder
-    output_dir: str = "runs/tiny"  # config.json, metrics.jsonl, samples.jsonl, checkpoints/, final/, curves.png
-    resume: bool = False  # continue the run in output_dir (`--resume RUN` names it) from its latest checkpoint, with its own config.json's settings (from step 0 if there is no checkpoint)
+    output_dir: str = "runs/tiny"  # the run folder; not given: runs/PRESET[-ALGO][-FLAG-VALUE...] (flags.py)
+    resume: bool = False  # continue the run in output_dir (`--resume RUN` names it) from its latest checkpoint,
+                          # with its own config.json's settings (from step 0 if there is no checkpoint)
     save_every: int = L.option(25, COUNT)  # checkpoint every N steps (and at the end)
-    save_first: int = L.option(5, AT_LEAST_0)  # also checkpoint at this step, before the first --save-every, so that a stop in the first minutes loses little; 0 = not
+    save_first: int = L.option(5, AT_LEAST_0)  # also checkpoint at this step, before the first --save-every,
+                                               # so that a stop in the first minutes loses little; 0 = not
     keep_checkpoints: int = L.option(2, COUNT)  # how many checkpoints to keep
     # --- logging
-    eval_every: int = L.option(25, AT_LEAST_0)  # held-out avg@k (as evaluate.py computes it) every N steps and at the end; 0 = never
-    eval_before_train: bool = True  # also evaluate the starting weights, logged as step 0 (off under --eval-every 0 unless given)
-    log_samples_every: int = L.option(10, AT_LEAST_0)  # write a few prompts with their completions to samples.jsonl every N steps; 0 = never
+    eval_every: int = L.option(25, AT_LEAST_0)  # held-out avg@k (as evaluate.py computes it)
+                                                # every N steps and at the end; 0 = never
+    eval_before_train: bool = True  # also evaluate the starting weights, logged as
+                                    # step 0 (off under --eval-every 0 unless given)
+    log_samples_every: int = L.option(10, AT_LEAST_0)  # write a few prompts with their completions
+                                                       # to samples.jsonl every N steps; 0 = never
     run_name: str = ""  # name for tensorboard / wandb; empty = the output folder's name
     tensorboard: bool = False  # also log to tensorboard (requirements-logging.txt; the error says how to install it)
     wandb: bool = False  # also log to Weights & Biases (requirements-logging.txt; the error says how to install it)
@@ -119,11 +148,13 @@ PRESETS = {
     # approximates it per micro-batch). Evaluation (not in the official training script's cadence): AIME24, the
     # paper's headline benchmark and the smallest (30 problems x 32 samples), before training and with every
     # checkpoint, so each saved policy has its score beside it; its 32k budget is capped to the sampler's context.
+    # Micro-batches: packed rows of one full-length sequence's tokens (4,096 + 16,384), 1.6-1.8x the tokens/s of
+    # padded micro-batches of 4 on an H200 (docs/performance.md), the same loss; --micro-batch-tokens 0 pads again.
     "r1-distill-1.5b": dict(
         model="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", train_data="Kwai-Klear/KlearReasoner-MathSub-30K",
         dynamic_sampling=True, lr=1e-6, warmup_steps=10, weight_decay=0.1, grad_clip=1.0,
         gen_prompts=256, train_prompts=128, mini_batch_prompts=16, micro_batch_size=4, n=8,
-        temperature=1.0, top_p=1.0, max_prompt_len=4096, max_response_len=16384,
+        temperature=1.0, top_p=1.0, max_prompt_len=4096, max_response_len=16384, micro_batch_tokens=20480,
         precision="bf16", gradient_checkpointing=True, output_dir="runs/r1-distill-1.5b",
         max_steps=1000, save_every=50, eval_data="aime24", eval_every=50, eval_before_train=True,
         algo="ce_gppo", algo_options=dict(beta1=0.5, beta2=1.0, positive_lm_coef=0.1),
@@ -146,10 +177,10 @@ ALIASES = {"n": ["--group-size"]}
 # Resolving and checking
 # ---------------------------------------------------------------------------------------------
 
-def resolve(preset: str, given: dict) -> Args:
+def resolve(preset: str, given: dict, name_folder: bool = True) -> Args:
     """The values a run uses: Args' defaults <- the preset <- the algorithm's defaults (<- the preset's options for
     its own algorithm) <- what was given (a --config file, then the command line). Nothing is left to be decided
-    later."""
+    later. Without an --output-dir given, the folder is named after what was given (default_output_dir)."""
     spec = PRESETS[preset]
     run = {f.name: f.default for f in RUN_FIELDS}
     run.update({k: v for k, v in spec.items() if k not in ("algo", "algo_options")})
@@ -178,8 +209,35 @@ def resolve(preset: str, given: dict) -> Args:
         run["eval_before_train"] = False
     if run["eval_data"] == "auto":  # an offline task evaluates on its own held-out set; other data needs --eval-data
         run["eval_data"] = run["train_data"] if run["train_data"] in data.task_names() else ""
-    run["run_name"] = run["run_name"] or os.path.basename(os.path.normpath(run["output_dir"]))
-    return Args(**run, loss=L.LossConfig(**{**options, "algo": algo}))
+    args = Args(**run, loss=L.LossConfig(**{**options, "algo": algo}))
+    if name_folder and "output_dir" not in given and algo in L.ALGORITHMS:
+        args.output_dir = default_output_dir(preset, given, args)
+    args.run_name = args.run_name or os.path.basename(os.path.normpath(args.output_dir))
+    return args
+
+
+def default_output_dir(preset: str, given: dict, args: Args) -> str:
+    """The folder of a run given no --output-dir: runs/PRESET (the preset's own), then -ALGO where the algorithm is
+    not the preset's, then -FLAG-VALUE for each other setting given that the run computes with (not how long it runs
+    or what it logs: runfolder.RESUMABLE) and that differs from the preset's, in the order of --help; past 80
+    characters, the preset and algorithm and a hash of the rest. So different runs of the documented commands never
+    share a folder, and a command typed again finds its own run (to --resume)."""
+    spec = PRESETS[preset]
+    base = resolve(preset, {"algo": args.loss.algo}, name_folder=False)
+    now, before = flat_flags(args), flat_flags(base)
+    parts = [] if args.loss.algo == spec["algo"] else [args.loss.algo]
+    for name in [f.name for f in RUN_FIELDS + LOSS_FIELDS]:
+        if name in given and name not in RF.RESUMABLE | {"algo", "run_name"} and now[name] != before[name]:
+            value = now[name]
+            text = (name if value else f"no-{name}") if isinstance(value, bool) else f"{name}-{value:g}" \
+                if isinstance(value, float) else f"{name}-{value}"
+            parts.append(re.sub(r"[^\w.+-]+", "-", text.replace("_", "-")).strip("-"))
+    named = "-".join([os.path.basename(spec.get("output_dir", Args.output_dir))] + parts)
+    if len(named) > 80:
+        import hashlib
+        digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:8]
+        named = "-".join([os.path.basename(spec.get("output_dir", Args.output_dir))] + parts[:1] + [digest])
+    return os.path.join(os.path.dirname(spec.get("output_dir", Args.output_dir)), named)
 
 
 def flat_flags(args: Args) -> dict:
@@ -197,6 +255,7 @@ def validate(a: Args) -> list[str]:
         path = getattr(a, name)
         if path.endswith(data.FILE_TYPES) and not os.path.lexists(path):  # a broken link: data.py says how
             problems.append(f"--{name.replace('_', '-')} {path}: no such file")
+    problems += model_problems(a.model)
     # every field's own Rule, Args' and the loss's alike; then the loss's rules that relate two of its fields
     problems += [f"--{name.replace('_', '-')}{message[len(name):]}"
                  for name, message in L.field_problems(a) + L.config_problems(a.loss)]
@@ -210,7 +269,7 @@ def validate(a: Args) -> list[str]:
     if a.train_prompts % a.mini_batch_prompts:
         problems.append(f"--train-prompts ({a.train_prompts}) must be a multiple of --mini-batch-prompts "
                         f"({a.mini_batch_prompts})")
-    if (a.mini_batch_prompts * a.n) % a.micro_batch_size:
+    if not a.micro_batch_tokens and (a.mini_batch_prompts * a.n) % a.micro_batch_size:  # packed: no size to divide
         problems.append(f"--micro-batch-size ({a.micro_batch_size}) must divide mini-batch-prompts x n = "
                         f"{a.mini_batch_prompts * a.n}")
     if 0 < a.micro_batch_tokens < a.max_prompt_len + a.max_response_len:
@@ -224,6 +283,57 @@ def validate(a: Args) -> list[str]:
     return problems
 
 
+# Options read only in a mode: {field: (whether the run is in that mode, the mode as flags)}. The algorithm's own
+# options are loss.ALGORITHMS[algo].reads; together, the one rule for an option given where nothing reads it.
+MODE_OPTIONS = {
+    "icepop_low": (lambda a: a.rollout_correction == "token-icepop", "--rollout-correction token-icepop"),
+    "icepop_high": (lambda a: a.rollout_correction == "token-icepop", "--rollout-correction token-icepop"),
+    "rollout_correction_threshold": (lambda a: a.rollout_correction not in ("none", "token-icepop"),
+                                     "--rollout-correction token-tis, token-mis, seq-tis or seq-mis"),
+    "od_initial_entropy": (lambda a: a.loss.dynamic_clip == "od", "--dynamic-clip od"),
+    "entropy_target": (lambda a: a.loss.adaptive_entropy, "--adaptive-entropy"),
+    "entropy_coef_delta": (lambda a: a.loss.adaptive_entropy, "--adaptive-entropy"),
+    "entropy_coef_min": (lambda a: a.loss.adaptive_entropy, "--adaptive-entropy"),
+    "entropy_coef_max": (lambda a: a.loss.adaptive_entropy, "--adaptive-entropy"),
+    "kl_estimator": (lambda a: a.loss.kl_coef > 0, "--kl-coef above 0"),
+    "norm_len": (lambda a: a.loss.loss_agg_mode == "seq-mean-token-sum-norm",
+                 "--loss-agg-mode seq-mean-token-sum-norm"),
+    "micro_batch_size": (lambda a: not a.micro_batch_tokens, "padded micro-batches (--micro-batch-tokens 0)"),
+}
+
+
+def unread_problems(a: Args, given) -> list[str]:
+    """An option typed on the command line that the run would not read: one its algorithm does not use
+    (loss.ignored_fields), or one of a mode that is off (MODE_OPTIONS). Refused, as --dynamic-clip on an algorithm
+    without it is: a setting that silently changes nothing is a run other than the one meant."""
+    problems = []
+    ignored = set(L.ignored_fields(a.loss))
+    for name in [f.name for f in RUN_FIELDS + LOSS_FIELDS if f.name in given]:
+        flag = "--" + name.replace("_", "-")
+        if name in ignored:
+            readers = [algo for algo, spec in L.ALGORITHMS.items() if name in spec.reads]
+            named = " and ".join([", ".join(readers[:-1]), readers[-1]] if len(readers) > 1 else readers)
+            problems.append(f"{flag} does not apply to {a.loss.algo} (only {named} "
+                            f"read{'s' if len(readers) == 1 else ''} it); leave it out, or choose "
+                            f"{'it' if len(readers) == 1 else 'one of those'} with --algo")
+        elif name in MODE_OPTIONS and not MODE_OPTIONS[name][0](a):
+            problems.append(f"{flag} is read only with {MODE_OPTIONS[name][1]}, which this run does not use; leave "
+                            "it out, or turn that on")
+    return problems
+
+
+def model_problems(model: str) -> list[str]:
+    """--model names nothing, found before the output folder is made and torch loads: a path that does not exist (a
+    name models.resolve_model takes for a path, not a hub id), or an offline task that is not one."""
+    if model == "tiny" or model.startswith("tiny:"):
+        task = model.partition(":")[2] or "arith"
+        return [] if task in data.task_names() else [f"--model {model}: no offline task {task!r}; choose from "
+                                                     f"{sorted(data.task_names())}"]
+    if os.path.exists(model) or not (model.startswith((".", "/", "~")) or model.count("/") != 1):
+        return []
+    return [f"--model {model}: no such model folder, and not a hub id (owner/name)"]
+
+
 # ---------------------------------------------------------------------------------------------
 # The command line
 # ---------------------------------------------------------------------------------------------
@@ -233,27 +343,27 @@ def parse_args(argv=None, description: str = "", prog: str = "train.py") -> Args
     `--config FILE` (JSON or YAML: a mapping of flag names, or a run's own config.json) gives values that the
     command line overrides; flags may be spelled with underscores (--max_steps). `--resume [RUN]` reads the run's
     own config.json (resume_settings): a flag typed beside it may change how long the run goes on and what it logs,
-    nothing else. Nothing here imports torch, so a typo or --help is answered at once."""
+    nothing else. Nothing here imports torch, so a typo or --help is answered at once; and with argv None (train.py's
+    own command line) so is an output folder a new run may not write into."""
+    argv_given = argv
     argv = join_negative_values(dash_flags(list(sys.argv[1:] if argv is None else argv)))
     parser = Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                     allow_abbrev=False)  # --max-step is a mistake to name, not a prefix to accept
+    refuse_unknown(parser, argv, known_flags())
     argv = name_resumed_folder(argv, parser)
-    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for name in ("--preset", "--algo", "--config", "--output-dir"):
-        early.add_argument(name, default=None)
-    early.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None)
-    known, _ = early.parse_known_args(argv)
-    if known.resume and not known.config:
-        run_dir, from_file, file_preset = resume_settings(known, parser)
-    else:
-        run_dir = None
-        from_file, file_preset = read_config(known.config, parser) if known.config else ({}, None)
+    known = early_flags(argv, parser)
+    run_dir, from_file, file_preset = None, {}, None
+    if known.resume and known.config is None:
+        run_dir, from_file, file_preset = resume_settings(known, argv, parser)
+    elif known.config is not None:
+        from_file, file_preset = read_config(known.config, parser)
+    source = known.config or (run_dir and os.path.join(run_dir, "config.json"))
     preset = known.preset or file_preset or "tiny"
-    if preset not in PRESETS:
-        parser.error(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}{L.did_you_mean(preset, PRESETS)}")
+    if preset not in PRESETS:  # read from a file (one typed is checked above): said as the file's
+        parser.error(f"{source}: unknown preset {preset!r}; choose one of {sorted(PRESETS)}"
+                     f"{L.did_you_mean(preset, PRESETS)}")
     algo = known.algo or from_file.get("algo")
     shown = resolve(preset, {**from_file, **({"algo": algo} if algo in L.ALGORITHMS else {})})
-    source = known.config or (run_dir and os.path.join(run_dir, "config.json"))
     parser.description = (f"preset in effect: {preset} (algorithm {shown.loss.algo}); defaults below are its values"
                           f"{' with ' + source if source else ''}\n\n" + description)
     parser.add_argument("--preset", default="tiny",
@@ -265,14 +375,58 @@ def parse_args(argv=None, description: str = "", prog: str = "train.py") -> Args
     add_flags(parser, RUN_FIELDS + LOSS_FIELDS, {**field_docs(Args), **field_docs(L.LossConfig)}, shown, ALIASES,
               note=lambda name: f" [not used by {shown.loss.algo}]" if name in ignored else "")
     given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None and k not in ("preset", "config")}
+    refuse_empty(parser, [k for k, v in given.items() if v == "" and k not in EMPTY_OK])
     if run_dir is not None:
         check_same_settings(run_dir, from_file, file_preset, given, known.preset, parser)
         given["output_dir"] = run_dir  # where the run is now, if its folder was moved since it started
     args = resolve(preset, {**from_file, **given})
     problems = validate(args)
+    if not problems and not args.resume:  # typed, not in a --config file: one may hold settings for several runs
+        problems = unread_problems(args, set(given))
     if problems:
-        parser.error("; ".join(problems))
+        parser.error(named_source(problems[0], given, from_file, source) + "".join(f"; {p}" for p in problems[1:]))
     args.preset = preset
+    answer_before_torch(args, prog, parser, new_run=argv_given is None)
+    return args
+
+
+def early_flags(argv, parser):
+    """What must be known before the full command line is read (--preset, --algo, --config, --output-dir, --resume):
+    the preset and its algorithm give the defaults --help shows, --config and --resume the values under the flags. An
+    empty one, or a preset typed that is not one, is refused here."""
+    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for name in ("--preset", "--algo", "--config", "--output-dir"):
+        early.add_argument(name, default=None)
+    early.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None)
+    known, _ = early.parse_known_args(argv)
+    refuse_empty(parser, [name for name, value in vars(known).items() if value == ""])
+    if known.preset is not None and known.preset not in PRESETS:
+        parser.error(f"unknown preset {known.preset!r}; choose one of {sorted(PRESETS)}"
+                     f"{L.did_you_mean(known.preset, PRESETS)}")
+    return known
+
+
+def refuse_empty(parser, names):
+    """An empty value (an unset shell variable: `--config "$CFG"`) is a mistake, not "use the default": one line."""
+    if names:
+        parser.error(f"--{names[0].replace('_', '-')} is empty (an unset shell variable?); give it a value, or leave "
+                     "the flag out")
+
+
+def named_source(problem: str, typed: dict, from_file: dict, source: str | None) -> str:
+    """A problem whose flags all come from a file (a --config file, or a resumed run's config.json), not from the
+    command line, said as that file's: a hand-edited config.json is not something the user typed."""
+    named = {name.replace("-", "_") for name in re.findall(r"--([a-z0-9-]+)", problem)}
+    if source and named and not named & set(typed) and named & set(from_file):
+        return f"{source}: {problem}"
+    return problem
+
+
+def answer_before_torch(args: Args, prog: str, parser, new_run: bool):
+    """What the folder alone answers, before torch loads: a resume of a finished run (exit 0, the command that trains
+    on); with new_run (train.py's own command line, about to start: rank 0 under torchrun, which holds the lock), a
+    folder that a live run holds, or that no new run may write into (one that holds a run, say:
+    runfolder.check_output_folder). Tools that read train.py's flags for other ends do not ask the folder."""
     if args.resume:
         done = RF.finished_step(args.output_dir, args.max_steps)
         if done is not None:  # before any model loads: nothing to do
@@ -280,7 +434,34 @@ def parse_args(argv=None, description: str = "", prog: str = "train.py") -> Args
                   f"{os.path.join(args.output_dir, 'final')}; to train on, raise --max-steps: "
                   f"{RF.resume_command(args.output_dir)} --max-steps N (N > {done})")
             sys.exit(0)
-    return args
+    elif new_run and os.environ.get("RANK", "0") == "0":
+        try:
+            RF.check_not_in_use(args.output_dir)
+            RF.check_output_folder(args.output_dir, resume=False)
+        except data.UserError as e:
+            parser.error(str(e))
+
+
+def known_flags() -> set[str]:
+    """Every option string train.py's command line takes (its parser's, known without building it)."""
+    names = {"--preset", "--config", "--resume", "--no-resume", "--help", "-h"}
+    for f in RUN_FIELDS + LOSS_FIELDS:
+        flag = "--" + f.name.replace("_", "-")
+        names |= {flag, *ALIASES.get(f.name, [])} | ({"--no-" + flag[2:]} if field_type(f) is bool else set())
+    return names
+
+
+def refuse_unknown(parser, argv, known):
+    """Unknown --flags (each with the value after it) refused in one line before argparse reads the command line:
+    argparse's time grows with the square of the unknown flags (10,000 took 9 s)."""
+    unknown = []
+    for i, token in enumerate(argv):
+        if token.startswith("--") and token != "--" and token.split("=", 1)[0] not in known:
+            value = "=" not in token and i + 1 < len(argv) and not argv[i + 1].startswith("-")
+            unknown += [token, argv[i + 1]] if value else [token]
+    if unknown:
+        parser.known = known  # the names Parser.error suggests from, where the parser has no flags yet
+        parser.error("unrecognized arguments: " + " ".join(unknown))
 
 
 def name_resumed_folder(argv, parser) -> list[str]:
@@ -296,23 +477,36 @@ def name_resumed_folder(argv, parser) -> list[str]:
             out.append(token)
     if folder is None:
         return out
+    if not folder:
+        parser.error("--resume is given an empty folder name (an unset shell variable?); name the run's folder")
     typed = [v for flag, v in zip(out, out[1:]) if flag == "--output-dir"]
     typed += [t.split("=", 1)[1] for t in out if t.startswith("--output-dir=")]
-    if any(os.path.expanduser(v) != os.path.expanduser(folder) for v in typed):
-        parser.error(f"--resume {folder} and --output-dir {typed[0]} name two folders; give the run's folder once")
+    same = os.path.realpath(os.path.expanduser(folder))  # RUN and RUN/ (or ./RUN) are one folder
+    differ = [v for v in typed if os.path.realpath(os.path.expanduser(v)) != same]
+    if differ:
+        parser.error(f"--resume {folder} and --output-dir {differ[0]} name two folders; give the run's folder once")
     return out + ["--output-dir", folder]
 
 
-def resume_settings(known, parser) -> tuple[str, dict, str | None]:
+def resume_settings(known, argv, parser) -> tuple[str, dict, str | None]:
     """(the run's folder, its flags, its preset) for --resume without --config: the folder typed (--resume RUN or
-    --output-dir) or the preset's; its settings from its own config.json, where it holds a run's (none otherwise: a
-    folder without one resumes, or starts, from the command line as typed, and check() compares it with the
-    checkpoint). A folder that a live run holds is answered first, in one line naming it."""
-    preset = PRESETS.get(known.preset or "tiny", {})
-    run_dir = os.path.expanduser(known.output_dir or preset.get("output_dir", Args.output_dir))
+    --output-dir) or the one the launch command typed again names (default_output_dir); its settings from its own
+    config.json, where it holds a run's (none otherwise: a run from before config.json was kept resumes from the
+    command line as typed, and check() compares it with the checkpoint). A folder that a live run holds is answered
+    first, in one line naming it; then one that holds no run to resume (runfolder.check_resumable), before torch
+    loads."""
+    if known.output_dir is not None:
+        run_dir = os.path.expanduser(known.output_dir)
+    else:
+        typed = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+        add_flags(typed, RUN_FIELDS + LOSS_FIELDS, {}, resolve(known.preset or "tiny", {}), ALIASES)
+        given = {k: v for k, v in vars(typed.parse_known_args(argv)[0]).items() if v is not None}
+        run_dir = resolve(known.preset or "tiny", given).output_dir
     try:
-        if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 holds the lock
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 holds the lock (and looks at the folder)
             RF.check_not_in_use(run_dir)
+            RF.check_output_folder(run_dir, resume=True)
+            RF.check_resumable(run_dir)  # a mistyped folder is not a run to start from step 0
     except data.UserError as e:
         parser.error(str(e))
     config = RF.run_config_file(run_dir)
@@ -323,21 +517,28 @@ def resume_settings(known, parser) -> tuple[str, dict, str | None]:
 
 
 def check_same_settings(run_dir, saved: dict, saved_preset, typed: dict, typed_preset, parser):
-    """A flag typed beside --resume that differs from the run's own value: one error line naming only those typed
-    (the run's derived values are its own). Those in RESUMABLE (how long it runs, what it logs) may differ."""
-    typed = {k: os.path.expanduser(v) if k in PATH_FIELDS and isinstance(v, str) else v for k, v in typed.items()}
+    """A flag typed beside --resume whose value differs from the run's own: one error line naming only those typed
+    (the run's derived values are its own). A value is compared as the run resolves it (--norm-len 0 is the run's
+    max response length): the launch command typed again restates the run's values. Those in RESUMABLE (how long it
+    runs, what it logs) may differ."""
+    preset = saved_preset if saved_preset in PRESETS else "tiny"
+    own = flat_flags(resolve(preset, saved, name_folder=False))
+    again = flat_flags(resolve(preset, {**saved, **typed}, name_folder=False))
     differ = [(f"--{k.replace('_', '-')}", typed[k], saved[k]) for k in typed
-              if k in saved and k not in RF.RESUMABLE and typed[k] != saved[k]]
+              if k in saved and k not in RF.RESUMABLE and again[k] != own[k]]
     if typed_preset and saved_preset and typed_preset != saved_preset:
         differ.insert(0, ("--preset", typed_preset, saved_preset))
     if differ:
         shown = ", ".join(f"{flag} {now!r} (the run's: {then!r})" for flag, now, then in differ[:4])
         more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
-        parser.error(f"--resume {run_dir}: {shown}{more}; a run resumes with its own settings (only how long it runs "
-                     "and what it logs may change: --max-steps, --save-every, --eval-every, ...); drop "
-                     f"{'it' if len(differ) == 1 else 'them'}, or start a new run in another --output-dir")
+        parser.error(f"--resume {run_dir}: {shown}{more}; a run resumes with its own settings "
+                     f"({os.path.join(run_dir, 'config.json')}): a flag typed beside --resume may restate the run's "
+                     "own value, or change how long it runs and what it logs (--max-steps, --save-every, "
+                     f"--eval-every, ...); drop {'it' if len(differ) == 1 else 'them'}, or start a new run in another "
+                     "--output-dir")
 
 
+EMPTY_OK = ("run_name", "eval_data")  # text flags where "" means something: the folder's name; no held-out set
 MAX_CONFIG_BYTES = 1 << 20  # a config file is a page of flags; a larger one is a mistake (or a trap), refused unread
 # Names other trainers (HF Trainer, TRL) give these settings: a config or command line using them gets this hint.
 SYNONYMS = {"learning_rate": "lr", "num_generations": "n", "group_size": "n", "max_grad_norm": "grad_clip",
@@ -362,24 +563,7 @@ def read_config(path: str, parser, what: str | None = None) -> tuple[dict, str |
     setting: a rerun from it is a new run). what: how errors name the file (default: --config PATH)."""
     def fail(why):
         parser.error(f"{what or '--config ' + path}: {why}")
-    try:
-        fd = os.open(os.path.expanduser(path), os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, then is refused
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                fail("not a regular file (a FIFO, device or folder)")
-            if info.st_size > MAX_CONFIG_BYTES:
-                fail(f"{info.st_size} bytes; a config file is at most {MAX_CONFIG_BYTES} bytes")
-            raw = os.read(fd, MAX_CONFIG_BYTES + 1)
-        finally:
-            os.close(fd)
-        if len(raw) > MAX_CONFIG_BYTES:
-            fail(f"more than {MAX_CONFIG_BYTES} bytes; a config file is at most that")
-        text = raw.decode("utf-8")
-    except OSError as e:
-        fail(f"cannot read it ({e.strerror})")
-    except UnicodeDecodeError:
-        fail("not a UTF-8 text file")
+    text = _config_text(path, fail)
     yaml_file = path.endswith((".yaml", ".yml"))
     try:
         values = _load_yaml(text) if yaml_file else json.loads(text, object_pairs_hook=_no_duplicates,
@@ -405,7 +589,7 @@ def read_config(path: str, parser, what: str | None = None) -> tuple[dict, str |
             fail(f"unknown key {_short(beside[0])} at the top level beside `flags` (a run's config.json holds its "
                  f"flags under `flags`, beside only {', '.join(RF.RUN_RECORD_KEYS)}); move it into `flags`")
     values = values["flags"] if run_config else {k: v for k, v in values.items() if k != "preset"}
-    kinds = {f.name: field_type(f) for f in RUN_FIELDS + LOSS_FIELDS}
+    known = {f.name: f for f in RUN_FIELDS + LOSS_FIELDS}
     out = {}
     for key, value in values.items():
         name = str(key).lstrip("-").replace("-", "_")
@@ -413,21 +597,54 @@ def read_config(path: str, parser, what: str | None = None) -> tuple[dict, str |
             if run_config:
                 continue  # an older run's config.json saved it; a rerun from it is a new run
             fail("resume is not a setting of a run; pass --resume on the command line")
-        if name not in kinds:
-            close = closest_flag(name, kinds)
+        if name not in known:
+            close = closest_flag(name, known)
             fail(f"unknown flag {_short(key)}" + (f"; did you mean {close!r}?" if close else ""))
         if name in out:
             fail(f"{name} is given twice (as {_short(key)})")
-        kind = kinds[name]
-        if isinstance(value, _Written) and math.isinf(value) and not re.search(r"(?i)inf", value.text):
-            fail(f"{_short(key, quote=False)}: {value.text} is beyond a float's range")
-        whole = isinstance(value, int) and not isinstance(value, bool)  # JSON's true is not 1
-        ok = whole if kind is int else (isinstance(value, kind) or (kind is float and whole))
-        if not ok:
-            article = "an" if kind.__name__[0] in "aeiou" else "a"
-            fail(f"{_short(key, quote=False)} must be {article} {kind.__name__}, got {_short(value)}")
-        out[name] = float(value) if kind is float else value
+        problem = _value_problem(key, value, known[name])
+        if problem:
+            fail(problem)
+        out[name] = float(value) if field_type(known[name]) is float else value
     return out, preset
+
+
+def _config_text(path, fail) -> str:
+    """A config file's text: a regular file (a FIFO opens at once, then is refused) of at most MAX_CONFIG_BYTES, in
+    UTF-8; fail(why) otherwise."""
+    try:
+        fd = os.open(os.path.expanduser(path), os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                fail("not a regular file (a FIFO, device or folder)")
+            if info.st_size > MAX_CONFIG_BYTES:
+                fail(f"{info.st_size} bytes; a config file is at most {MAX_CONFIG_BYTES} bytes")
+            raw = os.read(fd, MAX_CONFIG_BYTES + 1)
+        finally:
+            os.close(fd)
+        if len(raw) > MAX_CONFIG_BYTES:
+            fail(f"more than {MAX_CONFIG_BYTES} bytes; a config file is at most that")
+        return raw.decode("utf-8")
+    except OSError as e:
+        fail(f"cannot read it ({e.strerror})")
+    except UnicodeDecodeError:
+        fail("not a UTF-8 text file")
+
+
+def _value_problem(key, value, f) -> str | None:
+    """What is wrong with one value of a config file, said as the file's (not as a flag the user typed: algo gpro, an
+    edited lr): its type, its field's Rule, an empty text; None if it is good."""
+    name, kind, rule = f.name, field_type(f), f.metadata.get("rule")
+    if isinstance(value, _Written) and math.isinf(value) and not re.search(r"(?i)inf", value.text):
+        return f"{_short(key, quote=False)}: {value.text} is beyond a float's range"
+    whole = isinstance(value, int) and not isinstance(value, bool)  # JSON's true is not 1
+    if not (whole if kind is int else (isinstance(value, kind) or (kind is float and whole))):
+        article = "an" if kind.__name__[0] in "aeiou" else "a"
+        return f"{_short(key, quote=False)} must be {article} {kind.__name__}, got {_short(value)}"
+    if value == "" and name not in EMPTY_OK:
+        return f"{name} is empty; give it a value, or leave it out"
+    return rule.problem(name, value) if rule is not None else None
 
 
 def _yaml_problem(error) -> str:
@@ -522,15 +739,23 @@ def dash_flags(argv):
 # --- from dataclasses to argparse -----------------------------------------------------------------
 
 def field_docs(cls) -> dict:
-    """{field: (its --help group, its one-line doc)}, read from a dataclass's source: the comment beside each field,
-    and the `# --- group` comment above it ("algorithm" for LossConfig, which has none)."""
-    docs, group = {}, "algorithm"
-    for line in inspect.getsource(cls).splitlines():
-        line = line.strip()
+    """{field: (its --help group, its one-line doc)}, read from a dataclass's source: the comment beside each field
+    (with the comment lines right below it, indented deeper than the field, that carry on a long one), and the
+    `# --- group` comment above it ("algorithm" for LossConfig, which has none)."""
+    docs, group, last = {}, "algorithm", None  # last: (the field whose comment may go on, its indent)
+    for source_line in inspect.getsource(cls).splitlines():
+        line = source_line.strip()
+        indent = len(source_line) - len(source_line.lstrip())
+        if last and line.startswith("#") and indent > last[1]:
+            name = last[0]
+            docs[name] = (docs[name][0], docs[name][1] + " " + line[1:].strip())
+            continue
+        last = None
         if line.startswith("# ---"):
             group = line[5:].split(":")[0].strip()
         elif ":" in line and "#" in line and not line.startswith("#"):
             docs[line.split(":")[0]] = (group, line.split("#", 1)[1].strip())
+            last = (line.split(":")[0], indent)
     return docs
 
 
@@ -545,15 +770,25 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 
 class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit code 2; an unknown flag gets the closest known one
+    def error(self, message):
+        """One line, exit code 2 (runfolder.one_line: control characters escaped, huge values cut); unknown flags:
+        the first few, each with the closest known one (10,000 of them are not listed, nor matched, one by one)."""
         if message.startswith("unrecognized arguments:"):
-            known = [o for action in self._actions for o in action.option_strings]
+            known = getattr(self, "known", None) or [o for action in self._actions for o in action.option_strings]
             names = {o.lstrip("-").replace("-", "_"): o for o in known if o.startswith("--")}
-            hints = [f"{flag} -> {names[close]}" for flag in message.split(":", 1)[1].split() if flag.startswith("--")
+            unknown = message.split(":", 1)[1].split()
+            shown = unknown[:UNKNOWN_SHOWN]
+            message = "unrecognized arguments: " + " ".join(shown)
+            if len(unknown) > len(shown):
+                message += f" and {len(unknown) - len(shown)} more"
+            hints = [f"{flag} -> {names[close]}" for flag in shown if flag.startswith("--")
                      for close in [closest_flag(flag.split("=")[0], names)] if close]
             if hints:
                 message += f" (did you mean: {', '.join(hints)}?)"
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {RF.one_line(message)}\n")
+
+
+UNKNOWN_SHOWN = 5  # unknown arguments named in the error line; the rest are counted
 
 
 def field_type(f) -> type:

@@ -1,25 +1,27 @@
 """Curves of one or more runs (train.py output folders), and a table of their results.
 
-    python -m cegppo_utils.plot runs/tiny                                   # -> runs/tiny/plots/curves.png, summary.md/.json
+    python -m cegppo_utils.plot runs/tiny   # -> runs/tiny/plots/curves.png, summary.md/.json
     python -m cegppo_utils.plot runs/grpo runs/ce_gppo --out figures/       # several runs, side by side
-    python -m cegppo_utils.plot grpo=runs/grpo-s0,runs/grpo-s1 ce=runs/ce-s0,runs/ce-s1   # seeds of one configuration: mean, min-max
+    python -m cegppo_utils.plot grpo=runs/grpo-s0,runs/grpo-s1 ce=runs/ce-s0,runs/ce-s1
+                                                                            # seeds of one configuration: mean, min-max
 
-Curves (smoothed over a few steps; with several seeds the line is their mean and the shading their min-max): token
-entropy, training reward, held-out accuracy, the diagnostics of the run's algorithm (loss.ALGORITHMS: CE-GPPO's beta
-regions, PPO-clip's clipped tokens, M2PO's mask, ...; read from the run's config.json), response length, approx KL,
-grad norm. A panel is drawn only if some run logged its metric. The table gives, per configuration, the last held-out
+Curves (each step's own value as a thin light trace, under its trailing moving average over a few steps; with several
+seeds the line is their mean and the shading their min-max; shares of tokens in percent): token entropy, training
+reward, held-out accuracy, the diagnostics of the run's algorithm (loss.ALGORITHMS: CE-GPPO's beta regions,
+PPO-clip's clipped tokens, M2PO's mask, ...; read from the run's config.json), response length, approx KL, grad
+norm. A panel is drawn only if some run logged its metric. The table gives, per configuration, the last held-out
 `eval_acc` and the mean reward and entropy of the first and last 10 steps (mean ± std over seeds). Output goes to
 --out, by default a `plots/` folder beside the first run (never the project's docs/ unless asked).
 train.py calls draw_run() and run_summary() at the end of every run.
 """
 
-import argparse
 import json
 import math
 import os
 import textwrap
 
 import loss as L
+from cegppo_utils import runfolder
 
 # Every run's panels; the algorithm's own (algorithm_panels) go between the first three and the rest.
 PANELS = [
@@ -34,8 +36,11 @@ PANELS = [
 
 def run_algorithm(run_dir) -> str | None:
     """The algorithm a run folder's config.json records, or None (no readable config.json, or an unknown name)."""
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.isfile(path):
+        return None  # none, or a FIFO, whose read would block
     try:
-        with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             algo = json.load(f)["flags"]["algo"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -124,7 +129,8 @@ def summary(runs: dict[str, list[str]]) -> dict:
 
 
 def markdown(table: dict) -> str:
-    lines = ["| config | seeds | held-out avg@k (%) | reward, first 10 steps | reward, last 10 | entropy, first 10 | entropy, last 10 |",
+    lines = ["| config | seeds | held-out avg@k (%) | reward, first 10 steps | reward, last 10 | entropy, first 10 "
+             "| entropy, last 10 |",
              "|---|---|---|---|---|---|---|"]
     for name, row in table.items():
         def cell(ms, scale=1.0, digits=3):
@@ -144,8 +150,16 @@ def available_panels(data: dict[str, list[list[dict]]], algos=(None,)) -> list[t
     return [(k, t) for k, t in panels if any(k in r for per_seed in data.values() for rows in per_seed for r in rows)]
 
 
-def draw(runs: dict[str, list[str]], path: str, window: int = 5, title: str | None = None) -> str | None:
-    """One figure of the panels some run has; returns its path (None if no run has any of them)."""
+def is_share(key: str) -> bool:
+    """Whether a metric is a share (of the response tokens, or of the responses for a sequence-level loss): the
+    loss's diagnostics that count (clip_frac_*, the masked, capped and truncated shares) hold "frac" in their names."""
+    return "frac" in key
+
+
+def figure(runs: dict[str, list[str]], window: int = 5, title: str | None = None):
+    """The figure of the panels some run has (None if no run has any): per run, every step's own value as a thin light
+    trace, and over it the trailing `window`-step mean (over seeds: their mean, shaded min-max), so that a one-step
+    spike or a step at 0 shows as it was; shares in percent, with the unit on the axis."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -160,24 +174,32 @@ def draw(runs: dict[str, list[str]], path: str, window: int = 5, title: str | No
     colors = plt.get_cmap("tab10")
     for p, (key, label) in enumerate(panels):
         ax = axes[p // cols][p % cols]
+        scale = 100.0 if is_share(key) else 1.0
         for c, (name, per_seed) in enumerate(data.items()):
-            curves = []
+            raw = []
             for rows in per_seed:
-                points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+                points = [(r["step"], scale * r[key]) for r in rows if r.get(key) is not None]
                 if points:
                     steps, values = zip(*points)
-                    curves.append((list(steps), smooth(list(values), 1 if key == "eval_acc" else window)))
-            if not curves:
+                    raw.append((list(steps), list(values)))
+            if not raw:
                 continue
+            if key != "eval_acc":  # evaluations are drawn as they are (points): no average to set them under
+                for steps, values in raw:
+                    ax.plot(steps, values, color=colors(c % 10), linewidth=0.6, alpha=0.35)
+            curves = [(steps, smooth(values, 1 if key == "eval_acc" else window)) for steps, values in raw]
             length = min(len(v) for _, v in curves)
             steps = curves[0][0][:length]
             mean = [sum(v[i] for _, v in curves) / len(curves) for i in range(length)]
-            ax.plot(steps, mean, label=name, color=colors(c % 10), linewidth=1.4, marker="o" if key == "eval_acc" else None)
+            ax.plot(steps, mean, label=name, color=colors(c % 10), linewidth=1.4,
+                    marker="o" if key == "eval_acc" else None)
             if len(curves) > 1:
                 ax.fill_between(steps, [min(v[i] for _, v in curves) for i in range(length)],
                                 [max(v[i] for _, v in curves) for i in range(length)], color=colors(c % 10), alpha=0.15)
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("step")
+        if scale != 1.0:
+            ax.set_ylabel("% of responses" if "sequence" in label else "% of response tokens")
         ax.grid(alpha=0.3)
     for p in range(len(panels), rows_n * cols):
         axes[p // cols][p % cols].axis("off")
@@ -185,11 +207,25 @@ def draw(runs: dict[str, list[str]], path: str, window: int = 5, title: str | No
     fig.legend(handles, labels, loc="upper right", fontsize=9, ncol=min(4, len(labels)) or 1)
     seeds = max(len(dirs) for dirs in runs.values())
     fig.suptitle(title or (", ".join(runs) + (": mean over seeds (shaded: min-max)" if seeds > 1 else "")
-                           + f", {window}-step moving average"), fontsize=11, x=0.02, ha="left")
+                           + f", {window}-step moving average over each step's own value (thin)"),
+                 fontsize=11, x=0.02, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.97))
+    return fig
+
+
+def draw(runs: dict[str, list[str]], path: str, window: int = 5, title: str | None = None) -> str | None:
+    """figure(), saved to path whole and never through a link planted there; returns path (None if no run has a
+    panel)."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(runs, window, title)
+    if fig is None:
+        return None
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        runfolder.save_figure(fig, path, dpi=100)
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -197,11 +233,9 @@ def make_figures(runs: dict[str, list[str]], out_dir: str, window: int = 5, titl
     """curves.png, summary.json and summary.md for the runs in out_dir; prints the table."""
     os.makedirs(out_dir, exist_ok=True)
     written = [p for p in [draw(runs, os.path.join(out_dir, "curves.png"), window, title)] if p]
-    table = summary(runs)
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(table, f, indent=1)
-    with open(os.path.join(out_dir, "summary.md"), "w") as f:
-        f.write(markdown(table) + "\n")
+    table = summary(runs)  # both files whole, never through a link planted at their names
+    runfolder.write_text_atomically(os.path.join(out_dir, "summary.json"), json.dumps(table, indent=1))
+    runfolder.write_text_atomically(os.path.join(out_dir, "summary.md"), markdown(table) + "\n")
     written += [os.path.join(out_dir, "summary.json"), os.path.join(out_dir, "summary.md")]
     print(markdown(table))
     return written
@@ -233,7 +267,8 @@ def run_summary(rows: list[dict], output_dir: str, final_dir: str, first_step: i
                for r in mine if "time_update_s" in r]
     phases = {p: _mean([r.get(f"time_{p}_s") for r in mine]) or 0.0 for p in ("rollout", "reward", "update")}
     evals_s = sum(r.get("time_eval_s", 0.0) for r in mine)
-    resumed = f" (resumed at step {first_step}; the log holds steps {steps[0]['step']}-{steps[-1]['step']})" if first_step else ""
+    resumed = (f" (resumed at step {first_step}; the log holds steps {steps[0]['step']}-{steps[-1]['step']})"
+               if first_step else "")
     lines = [f"done: {len(mine)} step{'s' if len(mine) != 1 else ''}, to step {steps[-1]['step']}{resumed}, "
              f"{sum(seconds) / max(len(seconds), 1):.2f} s per step (rollout {phases['rollout']:.2f}, reward "
              f"{phases['reward']:.2f}, update {phases['update']:.2f}"
@@ -265,25 +300,37 @@ def sample_line(sample: dict, width: int = 150) -> str:
 
 
 def main():
-    from cegppo_utils import flags  # the shared help formatter
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=flags.HelpFormatter)
+    from tools import cli  # the tools' command line: every bad input one line and exit code 2, before any drawing
+    parser = cli.Parser("plot.py", description=__doc__)
     parser.add_argument("runs", nargs="+", help="run folders, or NAME=DIR[,DIR...] for the seeds of one configuration")
     parser.add_argument("--out", default=None, help="output folder (default: plots/ beside the first run)")
     parser.add_argument("--window", type=int, default=5, help="moving-average window in steps")
     parser.add_argument("--title", default=None, help="figure title (default: from the runs' names)")
     args = parser.parse_args()
+    if args.window < 1:
+        parser.error(f"--window {args.window}: must be >= 1")
     runs = {}
     for spec in args.runs:
         name, _, dirs = spec.partition("=")
         if not dirs:
             name, dirs = os.path.basename(os.path.normpath(spec)), spec
         runs[name] = dirs.split(",")
+        if not name or not all(d.strip() for d in runs[name]):
+            parser.error(f"{cli.short(repr(spec))}: a run folder or a name is empty; give NAME=DIR[,DIR...] or DIR")
     for dirs in runs.values():
         for d in dirs:
-            if not os.path.exists(os.path.join(d, "metrics.jsonl")):
-                parser.exit(2, f"plot.py: error: {d}/metrics.jsonl not found: is {d} a train.py output folder?\n")
+            metrics = os.path.join(d, "metrics.jsonl")
+            if not os.path.exists(metrics):
+                parser.error(f"{cli.short(d)}/metrics.jsonl not found: is {cli.short(d)} a train.py output folder?")
+            problem = cli.input_problem(metrics, "run")
+            if problem:
+                parser.error(problem)
     first = runs[next(iter(runs))][0]
     out = args.out or os.path.join(first, "plots")
+    problem = cli.folder_problem(out, "--out")
+    taken = [f for f in ("curves.png", "summary.json", "summary.md") if os.path.isdir(os.path.join(out, f))]
+    if problem or taken:  # found before the drawing, not when its files are written
+        parser.error(problem or f"--out {cli.short(out)}: {taken[0]} in it is a folder; move it aside")
     written = make_figures(runs, out, args.window, args.title)
     print("wrote " + ", ".join(written))
 

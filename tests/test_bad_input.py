@@ -20,26 +20,33 @@ def write(path, text, mode="w"):
 
 
 def cases(tmp):
-    """-> (train.py cases to run in-process, cases to run as processes), each (name, argv, expected text in the message); argv starts with the script."""
+    """-> (train.py cases to run in-process, cases to run as processes), each (name, argv, expected text in the
+    message); argv starts with the script."""
     good = write(tmp / "good.jsonl", '{"problem": "Compute 1 + 2 + 3.", "answer": 6}\n' * 3)
-    malformed = write(tmp / "malformed.jsonl", "".join(json.dumps({"problem": f"p{i}", "answer": i}) + "\n" for i in range(4))
+    malformed = write(tmp / "malformed.jsonl",
+                      "".join(json.dumps({"problem": f"p{i}", "answer": i}) + "\n"
+                              for i in range(4))
                       + '{"problem": "p5", "answer": 5\n')
-    no_answer = write(tmp / "no_answer.jsonl", '{"problem": "a", "answer": 1}\n{"problem": "b", "answer": 2}\n{"problem": "c"}\n')
+    no_answer = write(tmp / "no_answer.jsonl", '{"problem": "a", "answer": 1}\n'
+                                               '{"problem": "b", "answer": 2}\n{"problem": "c"}\n')
     list_answer = write(tmp / "list_answer.json", json.dumps([{"problem": "a", "answer": [1, 2]}]))
     binary = write(tmp / "binary.json", bytes(range(256)) * 4, "wb")
     not_json = write(tmp / "notes.json", "problem: 1 + 1\nanswer: 2\n")
     empty = write(tmp / "empty.jsonl", "")
     not_parquet = write(tmp / "fake.parquet", "not parquet")
     csv = write(tmp / "train.csv", "problem,answer\n1+1,2\n")
-    bench_bad = write(tmp / "bench.jsonl", '{"problem": "1 + 1?", "answer": "2"}\n{"problem": "2 + 2?", "answer": "4"} trailing\n')
+    bench_bad = write(tmp / "bench.jsonl", '{"problem": "1 + 1?", "answer": "2"}\n'
+                                           '{"problem": "2 + 2?", "answer": "4"} trailing\n')
     a_file = write(tmp / "a_file", "x")
     (tmp / "data").mkdir()  # a folder that is not a model
     t = ["train.py", "--output-dir", str(tmp / "run"), "--max-steps", "1"]
     e = ["evaluate.py", "--model", "tiny", "--benchmarks", good, "--output", str(tmp / "out.json")]
     in_process = [  # train.py through train.run in this process: flags, data files, model, output folder
-        ("lr negative", t + ["--lr", "-1e-4"], "--lr must be > 0 and at most 1 (an AdamW step moves a weight by about lr), got -0.0001"),
+        ("lr negative", t + ["--lr", "-1e-4"],
+         "--lr must be > 0 and at most 1 (an AdamW step moves a weight by about lr), got -0.0001"),
         ("lr inf", t + ["--lr", "inf"], "--lr must be > 0 and at most 1"),
-        ("lr nan", t + ["--lr", "nan"], "--lr must be > 0 and at most 1 (an AdamW step moves a weight by about lr), got nan"),
+        ("lr nan", t + ["--lr", "nan"],
+         "--lr must be > 0 and at most 1 (an AdamW step moves a weight by about lr), got nan"),
         ("lr too large", t + ["--lr", "1e39"], "--lr must be > 0 and at most 1"),
         ("lr not a number", t + ["--lr", "fast"], "--lr: invalid float value: 'fast'"),
         ("beta2 nan", t + ["--beta2", "nan"], "--beta2 must be >= 0 and finite"),
@@ -56,29 +63,40 @@ def cases(tmp):
         ("micro-batch", t + ["--micro-batch-size", "7"], "--micro-batch-size (7) must divide"),
         ("rollout correction", t + ["--rollout-correction", "tis"], "--rollout-correction must be one of"),
         ("eval without eval data", t + ["--train-data", good], "--eval-every 25 needs --eval-data"),
-        ("dynamic clip on cispo", t + ["--algo", "cispo", "--dynamic-clip", "id"], "--dynamic-clip does not apply to cispo"),
+        ("dynamic clip on cispo", t + ["--algo", "cispo", "--dynamic-clip", "id"],
+         "--dynamic-clip does not apply to cispo"),
         # train.py: data files
-        ("missing train file", t + ["--train-data", str(tmp / "missing.jsonl"), "--eval-every", "0"], "missing.jsonl: no such file"),
-        ("missing relative path", t + ["--train-data", "tests/missing", "--eval-every", "0"], "tests/missing: no such file"),
-        ("not a hub id", t + ["--train-data", "nothing-here", "--eval-every", "0"], "nothing-here: no such file, not a hub dataset id"),
+        ("missing train file", t + ["--train-data", str(tmp / "missing.jsonl"), "--eval-every", "0"],
+         "missing.jsonl: no such file"),
+        ("missing relative path", t + ["--train-data", "tests/missing", "--eval-every", "0"],
+         "tests/missing: no such file"),
+        ("not a hub id", t + ["--train-data", "nothing-here", "--eval-every", "0"],
+         "nothing-here: no such file, not a hub dataset id"),
         ("empty jsonl", t + ["--train-data", empty, "--eval-every", "0"], "empty.jsonl: no rows"),
-        ("malformed line 5", t + ["--train-data", malformed, "--eval-every", "0"], "malformed.jsonl: line 5 is not valid JSON"),
+        ("malformed line 5", t + ["--train-data", malformed, "--eval-every", "0"],
+         "malformed.jsonl: line 5 is not valid JSON"),
         ("binary json", t + ["--train-data", binary, "--eval-every", "0"], "binary.json: not a UTF-8 text file"),
-        ("not json", t + ["--train-data", not_json, "--eval-every", "0"], "notes.json: line 1 is not valid JSON (column 1"),
-        ("not parquet", t + ["--train-data", not_parquet, "--eval-every", "0"], "fake.parquet: not a readable parquet file"),
+        ("not json", t + ["--train-data", not_json, "--eval-every", "0"],
+         "notes.json: line 1 is not valid JSON (column 1"),
+        ("not parquet", t + ["--train-data", not_parquet, "--eval-every", "0"],
+         "fake.parquet: not a readable parquet file"),
         ("csv", t + ["--train-data", csv, "--eval-every", "0"], "unsupported file type '.csv'"),
-        ("row without answer", t + ["--train-data", no_answer, "--eval-every", "0"], "no_answer.jsonl: line 3 has no answer"),
-        ("list answer", t + ["--train-data", list_answer, "--eval-every", "0"], "list_answer.json: row 0: the answer must be a string or a number"),
+        ("row without answer", t + ["--train-data", no_answer, "--eval-every", "0"],
+         "no_answer.jsonl: line 3 has no answer"),
+        ("list answer", t + ["--train-data", list_answer, "--eval-every", "0"],
+         "list_answer.json: row 0: the answer must be a string or a number"),
         ("eval data missing", t + ["--eval-data", str(tmp / "gone.jsonl")], "gone.jsonl: no such file"),
         # train.py: model, output folder, prompt length
-        ("missing model path", t + ["--model", str(tmp / "no-model")], "--model " + str(tmp / "no-model") + ": no such model folder"),
+        ("missing model path", t + ["--model", str(tmp / "no-model")],
+         "--model " + str(tmp / "no-model") + ": no such model folder"),
         ("folder without config", t + ["--model", str(tmp / "data")], "the folder has no config.json"),
         ("output under a file", ["train.py", "--output-dir", os.path.join(a_file, "run")], "cannot write there"),
         ("prompt too long", t + ["--max-prompt-len", "5"], "--max-prompt-len 5: the longest prompt"),
     ]
     return in_process, [
         # train.py through the process: the command line itself
-        ("lr nan", t + ["--lr", "nan"], "--lr must be > 0 and at most 1 (an AdamW step moves a weight by about lr), got nan"),
+        ("lr nan", t + ["--lr", "nan"],
+         "--lr must be > 0 and at most 1 (an AdamW step moves a weight by about lr), got nan"),
         ("lr not a number", t + ["--lr", "fast"], "--lr: invalid float value: 'fast'"),
         ("unknown flag", t + ["--learning-rate", "1"], "unrecognized arguments: --learning-rate 1"),
         # evaluate.py
@@ -162,7 +180,8 @@ def fake_checkpoint(folder, state=None):
     import torch.distributed.checkpoint as dcp
     dcp.save({"model": {"w": torch.zeros(2)}}, checkpoint_id=str(folder), no_dist=True)
     write(folder / "config.json", json.dumps({"model_type": "qwen2"}))
-    torch.save(state if state is not None else {"step": 1, "rng": {}, "scheduler": {}, "data": {}, "loop": {}, "flags": {}},
+    torch.save(state if state is not None else
+               {"step": 1, "rng": {}, "scheduler": {}, "data": {}, "loop": {}, "flags": {}},
                folder / "trainer_state.pt")
     return folder
 
@@ -196,13 +215,18 @@ def adversarial_cases(tmp):
     files = {
         "fifo": None, "deep": jsonl(tmp, "deep.jsonl", '{' + q + ', "answer": ' + "[" * 50000 + "]" * 50000 + "}"),
         "deep array": write(tmp / "deep.json", "[" * 50000 + "]" * 50000),
-        "message not an object": jsonl(tmp, "msg.jsonl", '{"prompt": [{"role": "user", "content": "hi"}, "and"], "answer": 1}'),
+        "message not an object": jsonl(tmp, "msg.jsonl",
+                                       '{"prompt": [{"role": "user", "content": "hi"}, "and"], "answer": 1}'),
         "message list of strings": jsonl(tmp, "msgs.jsonl", '{"prompt": ["hi"], "answer": 1}'),
         "message without role": jsonl(tmp, "norole.jsonl", '{"prompt": [{"content": "hi"}], "answer": 1}'),
-        "message content null": jsonl(tmp, "nullc.jsonl", '{"prompt": [{"role": "user", "content": null}], "answer": 1}'),
-        "message content a list": jsonl(tmp, "listc.jsonl", '{"prompt": [{"role": "user", "content": ["hi"]}], "answer": 1}'),
+        "message content null": jsonl(tmp, "nullc.jsonl",
+                                      '{"prompt": [{"role": "user", "content": null}], "answer": 1}'),
+        "message content a list": jsonl(tmp, "listc.jsonl",
+                                        '{"prompt": [{"role": "user", "content": ["hi"]}], "answer": 1}'),
         "unknown role": jsonl(tmp, "role.jsonl", '{"prompt": [{"role": "robot", "content": "hi"}], "answer": 1}'),
-        "last message not the user's": jsonl(tmp, "last.jsonl", '{"prompt": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "2"}], "answer": 2}'),
+        "last message not the user's": jsonl(tmp, "last.jsonl",
+                                             '{"prompt": [{"role": "user", "content": "hi"}, '
+                                             '{"role": "assistant", "content": "2"}], "answer": 2}'),
         "huge integer answer": jsonl(tmp, "hugeint.jsonl", '{' + q + ', "answer": ' + "9" * 5000 + '}'),
         "huge negative integer": jsonl(tmp, "hugeneg.jsonl", '{' + q + ', "answer": -' + "9" * 4400 + '}'),
         "NaN answer": jsonl(tmp, "nan.jsonl", '{' + q + ', "answer": NaN}'),
@@ -212,7 +236,8 @@ def adversarial_cases(tmp):
         "id 1e999": jsonl(tmp, "bigid.jsonl", '{' + q + ', "answer": 2, "id": 1e999}'),
         "surrogate in question": jsonl(tmp, "surq.jsonl", '{"problem": "x \\ud800 y", "answer": 1}'),
         "surrogate in answer": jsonl(tmp, "sura.jsonl", '{' + q + ', "answer": "\\udfff"}'),
-        "surrogate in message": jsonl(tmp, "surm.jsonl", '{"prompt": [{"role": "user", "content": "\\ud83d"}], "answer": 1}'),
+        "surrogate in message": jsonl(tmp, "surm.jsonl",
+                                      '{"prompt": [{"role": "user", "content": "\\ud83d"}], "answer": 1}'),
         "answer 20000 characters": jsonl(tmp, "longa.jsonl", '{' + q + ', "answer": "' + "7" * 20000 + '"}'),
         "answer an object": jsonl(tmp, "obja.jsonl", '{' + q + ', "answer": {"value": 2}}'),
         "answer true": jsonl(tmp, "boola.jsonl", '{' + q + ', "answer": true}'),
@@ -253,7 +278,8 @@ def adversarial_cases(tmp):
         "parquet FIFO": "fifo.parquet: a FIFO (named pipe), not a regular file",
         "parquet NaN answer": "nan.parquet: row 1: the answer is nan, which no response can ever be verified against",
         "parquet list answer": "list.parquet: row 0: the answer must be a string or a number, got list",
-        "deep": "deep.jsonl: line 1 is nested too deeply", "deep array": "deep.json: row 0 (line 1) is nested too deeply",
+        "deep": "deep.jsonl: line 1 is nested too deeply",
+        "deep array": "deep.json: row 0 (line 1) is nested too deeply",
         "message not an object": "msg.jsonl: line 1: `prompt` message 1 is not an object (got str)",
         "message list of strings": "msgs.jsonl: line 1 has no question",
         "message without role": "norole.jsonl: line 1: `prompt` messages need a role and non-empty content (message 0)",
@@ -290,15 +316,19 @@ def adversarial_cases(tmp):
         "50 MB line": "line50.jsonl: line 1 is longer than 8 MiB",
         "9 MB row in an array": "row9.json: row 0 (line 1) is longer than 8 MiB",
     }
-    cases = [(name, t + ["--output-dir", str(tmp / "runs" / name.replace(" ", "-")), "--train-data", path], expect[name])
+    cases = [(name, t + ["--output-dir", str(tmp / "runs" / name.replace(" ", "-")), "--train-data", path],
+              expect[name])
              for name, path in files.items()]
     cases += [
         ("device", t + ["--train-data", str(tmp / "null.jsonl")], "null.jsonl: a device, not a regular file"),
-        ("symlink loop", t + ["--train-data", str(tmp / "loop.jsonl")], "loop.jsonl: cannot read it (Too many levels of symbolic links)"),
+        ("symlink loop", t + ["--train-data", str(tmp / "loop.jsonl")],
+         "loop.jsonl: cannot read it (Too many levels of symbolic links)"),
         ("folder named .jsonl", t + ["--train-data", str(tmp / "folder.jsonl")], "folder.jsonl is a folder"),
-        ("eval data a FIFO", t[:-2] + ["--eval-every", "1", "--eval-data", files["fifo"], "--output-dir", str(tmp / "runs" / "ef")],
+        ("eval data a FIFO", t[:-2] + ["--eval-every", "1", "--eval-data", files["fifo"],
+                                       "--output-dir", str(tmp / "runs" / "ef")],
          "fifo.jsonl: a FIFO (named pipe), not a regular file"),
-        ("eval data deep", t[:-2] + ["--eval-every", "1", "--eval-data", files["deep"], "--output-dir", str(tmp / "runs" / "ed")],
+        ("eval data deep", t[:-2] + ["--eval-every", "1", "--eval-data", files["deep"],
+                                     "--output-dir", str(tmp / "runs" / "ed")],
          "deep.jsonl: line 1 is nested too deeply"),
         ("output dir is a file", t + ["--output-dir", files["NaN answer"]], "cannot write there"),
     ]
@@ -314,10 +344,12 @@ def adversarial_cases(tmp):
              "trainer_state.pt holds objects other than tensors and plain values; refusing to load it"),
             ("trainer_state.pt empty", "trainer_state.pt", b"", "trainer_state.pt is not readable"),
             ("checkpoint without .metadata", ".metadata", None, "has no .metadata (an incomplete checkpoint)"),
-            (".metadata a planted pickle", ".metadata", Planted(marker), ".metadata names posix.system, which a checkpoint's metadata never holds"),
+            (".metadata a planted pickle", ".metadata", Planted(marker),
+             ".metadata names posix.system, which a checkpoint's metadata never holds"),
             (".metadata torn", ".metadata", b"\x80\x04\x95", ".metadata is not readable"),
             ("checkpoint without shards", "__0_0.distcp", None, "holds no .distcp shards"),
-            ("checkpoint config.json broken", "config.json", b'{"model_type": ', "config.json is not readable (not valid JSON"),
+            ("checkpoint config.json broken", "config.json", b'{"model_type": ',
+             "config.json is not readable (not valid JSON"),
             ("checkpoint config.json a list", "config.json", b"[]", "config.json is not a JSON object"),
         ]
     ]
@@ -332,7 +364,8 @@ def adversarial_cases(tmp):
         ("gen-prompts 2**70", ["--gen-prompts", str(2**70)], "--gen-prompts must be below 2**31"),
         ("top-k 2**32", ["--top-k", str(2**32)], "--top-k must be below 2**31"),
         ("max-steps 2**40", ["--max-steps", str(2**40)], "--max-steps must be below 2**31"),
-        ("min above max response", ["--min-response-len", "100"], "--min-response-len (100) cannot exceed --max-response-len (48)"),
+        ("min above max response", ["--min-response-len", "100"],
+         "--min-response-len (100) cannot exceed --max-response-len (48)"),
         ("response beyond context", ["--max-response-len", "10000"],
          "--max-prompt-len 64 + --max-response-len 10000 exceed the model's context of 512 tokens"),
     ]]
@@ -345,15 +378,18 @@ def adversarial_cases(tmp):
     write(torn / "config.json", '{"model_type": ')
     checkpoint = fake_checkpoint(tmp / "exported" / "step_000001")
     cases += [
-        ("model without weights", t + ["--output-dir", str(tmp / "runs" / "m1"), "--model", str(model)], "has config.json but no weights"),
-        ("model config torn", t + ["--output-dir", str(tmp / "runs" / "m2"), "--model", str(torn)], "config.json is not readable (not valid JSON"),
+        ("model without weights", t + ["--output-dir", str(tmp / "runs" / "m1"), "--model", str(model)],
+         "has config.json but no weights"),
+        ("model config torn", t + ["--output-dir", str(tmp / "runs" / "m2"), "--model", str(torn)],
+         "config.json is not readable (not valid JSON"),
         ("checkpoint given as model", t + ["--output-dir", str(tmp / "runs" / "m3"), "--model", str(checkpoint)],
          "its shards do not hold the weights its config.json describes"),
         ("output folder in use", t + ["--output-dir", str(tmp / "busy")], "busy is in use by another run (pid"),
     ]
     run = tmp / "state-list"
     fake_checkpoint(run / "checkpoints" / "step_000003", state=[1, 2, 3])
-    cases.append(("trainer state not a dict", t + ["--resume", "--output-dir", str(run)], "is not a trainer state written by train.py"))
+    cases.append(("trainer state not a dict", t + ["--resume", "--output-dir", str(run)],
+                  "is not a trainer state written by train.py"))
     for name, text in (("run config.json broken", "{"), ("run config.json a string", '"flags"')):
         folder = tmp / name.replace(" ", "-")
         folder.mkdir()
@@ -385,14 +421,18 @@ def evaluate_cases(tmp):
     (tmp / "results").mkdir()
     model = tmp / "model-no-weights"
     return [
-        ("output is a folder", e[:5] + ["--output", str(tmp / "results")], "--output " + str(tmp / "results") + " is a folder; name a file"),
-        ("temperature 1e-300", e + ["--temperature", "1e-300"], "--temperature must be 0 (greedy) or in [0.01, 100], got 1e-300"),
+        ("output is a folder", e[:5] + ["--output", str(tmp / "results")],
+         "--output " + str(tmp / "results") + " is a folder; name a file"),
+        ("temperature 1e-300", e + ["--temperature", "1e-300"],
+         "--temperature must be 0 (greedy) or in [0.01, 100], got 1e-300"),
         ("temperature 1e30", e + ["--temperature", "1e30"], "--temperature must be 0 (greedy) or in [0.01, 100]"),
         ("seed 2**70", e + ["--seed", str(2**70)], "--seed must be in [0, 2**63)"),
         ("k 10**9", e + ["--k", str(10**9)], "--k must be >= 1 and at most 65536"),
         ("max-tokens 2**40", e + ["--max-tokens", str(2**40)], "--max-tokens must be >= 1 and below 2**31"),
-        ("benchmark a FIFO", e[:3] + ["--benchmarks", str(tmp / "fifo.jsonl"), "--output", str(tmp / "o.json")], "fifo.jsonl: a FIFO"),
-        ("benchmark deep", e[:3] + ["--benchmarks", str(tmp / "deep.jsonl"), "--output", str(tmp / "o.json")], "deep.jsonl: line 1 is nested too deeply"),
+        ("benchmark a FIFO", e[:3] + ["--benchmarks", str(tmp / "fifo.jsonl"), "--output", str(tmp / "o.json")],
+         "fifo.jsonl: a FIFO"),
+        ("benchmark deep", e[:3] + ["--benchmarks", str(tmp / "deep.jsonl"), "--output", str(tmp / "o.json")],
+         "deep.jsonl: line 1 is nested too deeply"),
         ("model without weights", ["evaluate.py", "--model", str(model)] + e[3:], "has config.json but no weights"),
     ]
 
@@ -431,7 +471,8 @@ def test_a_dead_runs_lock_is_reported_and_taken_over(tmp_path, capsys):
         train.run(["--output-dir", str(folder), "--train-data", bad, "--eval-every", "0"])
     captured = capsys.readouterr()
     assert stopped.value.code == 2 and "bad.jsonl: line 1 has no answer" in captured.err
-    assert "found the lock of a run that ended without releasing it (pid 999999 on elsewhere, started 2026-01-01" in captured.out
+    assert ("found the lock of a run that ended without releasing it (pid 999999 on elsewhere, started "
+            "2026-01-01") in captured.out
     assert (folder / ".lock").read_text() == ""  # released on the way out
 
 

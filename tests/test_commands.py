@@ -2,6 +2,7 @@
 checks, and derived defaults fill the rest (`--gen-prompts 8` alone is a valid quick run). Parsing only: nothing is
 loaded or sampled. Files a command names (a user's data) are created empty in a scratch folder first."""
 
+import json
 import os
 import re
 
@@ -47,6 +48,11 @@ def test_documented_command_parses(script, argv, tmp_path, monkeypatch):
                 os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
                 open(path, "w").close()
     if script == "train":
+        if "--resume" in argv:  # the run it names: a folder a run recorded itself in
+            folder = argv[argv.index("--resume") + 1]
+            os.makedirs(folder)
+            with open(os.path.join(folder, "config.json"), "w") as f:
+                json.dump({"preset": "tiny", "flags": {"max_steps": 100}}, f)
         flags.parse_args(list(argv), train.__doc__)
     elif script == "evaluate":
         evaluate.parse_args(list(argv))
@@ -62,3 +68,21 @@ def test_documented_command_parses(script, argv, tmp_path, monkeypatch):
             i += 1
         preset = argv[argv.index("--preset") + 1] if "--preset" in argv else "tiny"
         flags.parse_args(["--preset", preset, *rest], prog="mechanism.py")
+
+
+def test_documented_training_commands_never_share_a_default_folder(tmp_path, monkeypatch):
+    """Two documented train.py commands that run different settings never land in one default folder (`--preset
+    r1-distill-1.5b --algo grpo` was refused as runs/r1-distill-1.5b, the CE-GPPO run's): what a run computes with
+    names its folder (flags.default_output_dir)."""
+    from cegppo_utils import runfolder
+    monkeypatch.chdir(tmp_path)
+    folders = {}
+    for script, argv in COMMANDS:
+        if script == "train" and "--resume" not in argv and "--output-dir" not in argv:
+            args = flags.parse_args(list(argv), train.__doc__)
+            computes = {k: v for k, v in flags.flat_flags(args).items()
+                        if k not in runfolder.RESUMABLE | {"run_name"}}
+            folders.setdefault(args.output_dir, []).append((argv, computes))
+    assert len(folders) >= 5, folders
+    for folder, runs in folders.items():
+        assert all(computes == runs[0][1] for _, computes in runs), (folder, [argv for argv, _ in runs])

@@ -39,7 +39,8 @@ def test_interval_statistics():
     assert stats.t_quantile(0.975, 29) == pytest.approx(2.0452, abs=1e-3)
     assert stats.t_quantile(0.975, 2) == pytest.approx(4.3027, abs=1e-3)
     mean, (lo, hi) = stats.mean_ci([1.0, 2.0, 3.0])
-    assert mean == 2.0 and hi - mean == pytest.approx(4.3027 * 1.0 / math.sqrt(3), abs=1e-3) and lo == pytest.approx(4 - hi)
+    assert (mean == 2.0 and hi - mean == pytest.approx(4.3027 * 1.0 / math.sqrt(3), abs=1e-3)
+            and lo == pytest.approx(4 - hi))
     assert stats.pearson([1, 2, 3], [2, 4, 7]) == pytest.approx(0.9934, abs=1e-4)
 
 
@@ -50,13 +51,14 @@ def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
     every weight by about lr, so the later mini-batches' ratios leave the clip interval whatever the warm start."""
     outputs, printed = [], []
     # train.py flags; HF generate, since the pairing and its bookkeeping are tested here, not the engine
-    train_flags = ["--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "2", "--micro-batch-size", "16",
-                   "--lr", "0.01", "--sampler", "hf"]
-    for i, configs in enumerate(("ppo_clip,ppo_clip_repeat,ce_gppo_1_1,gppo,entropy_0.003,grpo,adaptive_entropy,grpo_kl_0.04,"
-                                 "dapo,top_entropy_0.2", "ppo_clip,gppo")):
+    train_flags = ["--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "2",
+                   "--micro-batch-size", "16", "--lr", "0.01", "--sampler", "hf"]
+    for i, configs in enumerate(("ppo_clip,ppo_clip_repeat,ce_gppo_1_1,gppo,entropy_0.003,grpo,adaptive_entropy,"
+                                 "grpo_kl_0.04,dapo,top_entropy_0.2", "ppo_clip,gppo")):
         out = tmp_path / f"run{i}.json"
-        done = subprocess.run([sys.executable, "-m", "tools.mechanism", "--preset", "tiny", "--batches", "2", "--probe-prompts", "4",
-                               "--fresh-prompts", "4", "--configs", configs, "--output", str(out), *train_flags],
+        done = subprocess.run([sys.executable, "-m", "tools.mechanism", "--preset", "tiny", "--batches", "2",
+                               "--probe-prompts", "4", "--fresh-prompts", "4", "--configs", configs,
+                               "--output", str(out), *train_flags],
                               cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         outputs.append(json.loads(out.read_text()))
@@ -82,9 +84,24 @@ def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
     assert first["entropy_0.003"]["predicted_by_region_mean"]["entropy_bonus"] != 0.0  # the bonus path ran
     # the other papers' methods: the KL penalty gets its frozen reference, and adaptive entropy's first step has no
     # previous entropy, so no bonus: it equals GRPO exactly; each is also paired against its base algorithm
-    assert first["adaptive_entropy"]["dH_vs_grpo"] == [0.0, [0.0, 0.0]] and first["grpo"]["dH_vs_grpo"] == [0.0, [0.0, 0.0]]
+    assert (first["adaptive_entropy"]["dH_vs_grpo"] == [0.0, [0.0, 0.0]]
+            and first["grpo"]["dH_vs_grpo"] == [0.0, [0.0, 0.0]])
     assert "dH_vs_dapo" in first["top_entropy_0.2"] and "dH_vs_dapo" not in second["gppo"]
-    assert all(r["configs"][c]["optimizer_steps"] > 0 for r in first["records"] for c in ("grpo_kl_0.04", "top_entropy_0.2"))
+    assert all(r["configs"][c]["optimizer_steps"] > 0
+               for r in first["records"] for c in ("grpo_kl_0.04", "top_entropy_0.2"))
     assert any(r["configs"]["top_entropy_0.2"]["dH"] != r["configs"]["dapo"]["dH"] for r in first["records"])
     assert "dH - grpo [95% CI]: ppo_clip" in printed[0] and "dH - grpo" not in printed[1]
 
+
+
+def test_the_figure_is_never_written_through_a_link(tmp_path):
+    """Issue 59: matplotlib's savefig follows a link planted at the figure's name; the figure replaces the link."""
+    import os
+    mine = tmp_path / "mine.txt"
+    mine.write_text("a user's file\n")
+    os.symlink(mine, tmp_path / "m.png")
+    configs = ["ppo_clip", "ce_gppo_1_1"]
+    summary = {c: {"dH_vs_ppo_mean": 0.001, "dH_vs_ppo_ci95": [0.0, 0.002]} for c in configs}
+    records = [{"configs": {c: {"predicted": 0.1 * b, "dH": 0.01 * b} for c in configs}} for b in range(3)]
+    M.draw(summary, records, configs, str(tmp_path / "m.png"), "a title")
+    assert mine.read_text() == "a user's file\n" and (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG"

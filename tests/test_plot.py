@@ -12,8 +12,9 @@ def fake_run(path, rewards, entropies, eval_acc):
     path.mkdir(parents=True)
     rows = []
     for i, (r, e) in enumerate(zip(rewards, entropies)):
-        rows.append({"step": i + 1, "reward_mean": r, "entropy": e, "clip_frac_low_neg": 0.01, "clip_frac_high_pos": 0.0,
-                     "clip_frac_low_pos": 0.0, "clip_frac_high_neg": 0.002, "response_length_mean": 20.0})
+        rows.append({"step": i + 1, "reward_mean": r, "entropy": e, "clip_frac_low_neg": 0.01,
+                     "clip_frac_high_pos": 0.0, "clip_frac_low_pos": 0.0, "clip_frac_high_neg": 0.002,
+                     "response_length_mean": 20.0})
     rows[-1]["eval_acc"] = eval_acc
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
@@ -28,11 +29,13 @@ def test_summary_and_figures(tmp_path):
     assert (tmp_path / "fig" / "curves.png").stat().st_size > 10_000
     table = json.loads((tmp_path / "fig" / "summary.json").read_text())
     assert table["a"]["eval_acc"] == pytest.approx([0.7, math.sqrt(0.02)])
-    assert table["a"]["reward_first10"][0] == pytest.approx(0.1) and table["a"]["reward_last10"][0] == pytest.approx(0.8)
+    assert (table["a"]["reward_first10"][0] == pytest.approx(0.1)
+            and table["a"]["reward_last10"][0] == pytest.approx(0.8))
     assert table["a"]["entropy_last10"][0] == pytest.approx(0.4)
     assert table["b"]["seeds"] == 1 and table["b"]["eval_acc"] == [0.1, 0.0]
     assert "| a | 2 | 70.0 ± 14.1 |" in (tmp_path / "fig" / "summary.md").read_text()
-    assert "| b | 1 | 10.0 | -1.000 | -1.000 | 0.100 | 0.100 |" in (tmp_path / "fig" / "summary.md").read_text()  # no ± 0
+    # no ± 0
+    assert "| b | 1 | 10.0 | -1.000 | -1.000 | 0.100 | 0.100 |" in (tmp_path / "fig" / "summary.md").read_text()
     assert len(written) == 3
 
 
@@ -43,7 +46,8 @@ def test_missing_run_is_named(tmp_path):
 
 @pytest.mark.slow
 def test_plot_py_on_any_run_folder_writes_beside_it(tmp_path):
-    """`python -m cegppo_utils.plot RUN`: output in RUN/plots (never docs/), titles from the run, no nan for a missing metric."""
+    """`python -m cegppo_utils.plot RUN`: output in RUN/plots (never docs/), titles from the run, no nan for a missing
+    metric."""
     import subprocess
     import sys
 
@@ -53,14 +57,16 @@ def test_plot_py_on_any_run_folder_writes_beside_it(tmp_path):
     for r in rows:
         r.pop("eval_acc", None)  # a run without held-out evaluation
     (tmp_path / "my-run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    done = subprocess.run([sys.executable, "-m", "cegppo_utils.plot", run], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "cegppo_utils.plot", run], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "my-run" / "plots" / "curves.png").stat().st_size > 10_000
     table = (tmp_path / "my-run" / "plots" / "summary.md").read_text()
     assert "| my-run | 1 | n/a |" in table and "nan" not in table
     panels = [k for k, _ in plot.available_panels({"my-run": [plot.read_metrics(run)]})]
     assert "eval_acc" not in panels and "approx_kl" not in panels and panels[:2] == ["entropy", "reward_mean"]
-    bad = subprocess.run([sys.executable, "-m", "cegppo_utils.plot", str(tmp_path / "nothing")], cwd=ROOT, capture_output=True, text=True)
+    bad = subprocess.run([sys.executable, "-m", "cegppo_utils.plot", str(tmp_path / "nothing")], cwd=ROOT,
+                         capture_output=True, text=True)
     assert bad.returncode == 2 and "nothing/metrics.jsonl not found" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -71,7 +77,8 @@ def test_run_summary_and_sample_line(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     lines = plot.run_summary(rows, str(tmp_path), str(tmp_path / "final"))
     assert "20 steps, to step 20, 1.00 s per step" in lines[0]
-    assert "first 10 steps -> last 10: -0.275 -> +0.225" in lines[1] and "34.0% -> 54.0%" in lines[1]  # steps 1-10, 11-20
+    # steps 1-10, 11-20
+    assert "first 10 steps -> last 10: -0.275 -> +0.225" in lines[1] and "34.0% -> 54.0%" in lines[1]
     assert "0.1775 -> 0.1275" in lines[2]
     assert "step 5 40.0%, step 20 55.0%" in lines[3]
     assert "config.json" in lines[4] and str(tmp_path / "final") in lines[4]
@@ -120,4 +127,43 @@ def test_a_runs_panels_are_its_algorithms(tmp_path):
     assert titles("m2po")["m2po_masked_frac"].startswith("masked") and "clip_frac_low_neg" not in titles("m2po")
     both = titles("ce_gppo", "grpo")["clip_frac_low_neg"].splitlines()
     assert both[0].startswith("ce_gppo: beta1 region") and both[1].startswith("grpo: clipped")
-    assert titles("unknown")["clip_frac_low_neg"] == "clip_frac_low_neg (what the loss does there depends on the algorithm)"
+    assert titles("unknown")["clip_frac_low_neg"] == ("clip_frac_low_neg (what the loss does there depends on the "
+                                                     "algorithm)")
+
+
+def test_curves_draw_each_steps_own_value_under_the_moving_average_and_shares_in_percent(tmp_path):
+    """Issue 59: every panel was a trailing 5-step mean with no raw trace, so a one-step gradient-norm spike was drawn
+    at a quarter of its height and an 8-step run showed clipped tokens where there were none. Each step's own value is
+    drawn (first, thin), the mean over it; shares of tokens in percent, the unit on the axis."""
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": t, "reward_mean": 0.0, "entropy": 0.2, "grad_norm": 16.3 if t == 5 else 1.0,
+             "clip_frac_low_neg": 0.02 if t <= 4 else 0.0} for t in range(1, 9)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "config.json").write_text(json.dumps({"flags": {"algo": "grpo"}}))
+    fig = plot.figure({"run": [str(run)]})
+    axes = {ax.get_title(): ax for ax in fig.axes}
+    raw, mean = [list(line.get_ydata()) for line in axes["gradient norm"].get_lines()]
+    assert raw == [1.0] * 4 + [16.3] + [1.0] * 3 and max(mean) == pytest.approx((16.3 + 4) / 5)
+    clip = axes["clipped: d < 1 - eps_low, A < 0 (no gradient)"]
+    raw, mean = [list(line.get_ydata()) for line in clip.get_lines()]
+    assert raw == [2.0] * 4 + [0.0] * 4 and mean[-1] == pytest.approx(0.4)  # the mean is not 0 where the step is
+    assert clip.get_ylabel() == "% of response tokens" and axes["gradient norm"].get_ylabel() == ""
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
+def test_curves_and_the_table_are_never_written_through_a_link(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.5, "entropy": 0.2}) + "\n")
+    out = tmp_path / "plots"
+    out.mkdir()
+    mine = tmp_path / "mine.txt"
+    mine.write_text("a user's file\n")
+    for name in ("curves.png", "summary.json", "summary.md"):
+        (out / name).symlink_to(mine)
+    plot.make_figures({"run": [str(run)]}, str(out))
+    assert mine.read_text() == "a user's file\n"
+    assert not any((out / name).is_symlink() for name in ("curves.png", "summary.json", "summary.md"))
+    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG" and json.loads((out / "summary.json").read_text())["run"]

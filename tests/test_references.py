@@ -74,7 +74,8 @@ VERL = {
 # kl_penalty(logp, ref, type) aggregated by agg_loss: verl's kl_loss (its "kl", "mse", "low_var_kl")
 for _est in L.KL_ESTIMATORS:
     for _mode in ("token-mean", "seq-mean-token-mean"):
-        VERL[f"kl_{_est}_{_mode}"] = (L.loss_config("grpo", kl_coef=1.0, kl_estimator=_est, loss_agg_mode=_mode), "ref", None)
+        VERL[f"kl_{_est}_{_mode}"] = (L.loss_config("grpo", kl_coef=1.0, kl_estimator=_est, loss_agg_mode=_mode),
+                                      "ref", None)
 
 VERL_NUMBERS = {}
 VERL_NUMBERS.update({  # verl b178a3c, on batch()
@@ -127,15 +128,16 @@ def trl_loss(loss_type, *, eps=(0.2, 0.2), taus=(1.0, 1.05), beta=0.0, rho=1.0, 
         gather = gather_for_metrics = staticmethod(lambda x: x)
         reduce = staticmethod(lambda x, reduction="sum": x)
 
-    args = SimpleNamespace(use_bias_correction_kl=False, sapo_temperature_pos=taus[0], sapo_temperature_neg=taus[1], delta=None,
-                           entropy_target=0.2, entropy_coef_delta=0.005, entropy_coef_min=0.0, entropy_coef_max=1.0,
-                           steps_per_generation=1)
+    args = SimpleNamespace(use_bias_correction_kl=False, sapo_temperature_pos=taus[0], sapo_temperature_neg=taus[1],
+                           delta=None, entropy_target=0.2, entropy_coef_delta=0.005, entropy_coef_min=0.0,
+                           entropy_coef_max=1.0, steps_per_generation=1)
     trainer = SimpleNamespace(
         accelerator=OneProcess(), args=args, loss_type=loss_type, beta=beta, top_entropy_quantile=rho,
         epsilon_low=eps[0], epsilon_high=eps[1], off_policy_mask_threshold=None, importance_sampling_level="token",
-        use_vllm=False, aux_loss_enabled=False, model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1,
-        entropy_coef=entropy_coef, use_adaptive_entropy=adaptive, _entropy_bonus_enabled=bool(entropy_coef) or adaptive,
-        _last_world_entropy=last_entropy, _entropy_window_stats=None, _metrics={"train": defaultdict(list)})
+        use_vllm=False, aux_loss_enabled=False, model=SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=1, entropy_coef=entropy_coef, use_adaptive_entropy=adaptive,
+        _entropy_bonus_enabled=bool(entropy_coef) or adaptive, _last_world_entropy=last_entropy,
+        _entropy_window_stats=None, _metrics={"train": defaultdict(list)})
     trainer.get_high_entropy_mask = lambda *a: GRPOTrainer.get_high_entropy_mask(trainer, *a)
     trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logp, entropy, None)
     inputs = {"prompt_ids": torch.zeros(4, 1, dtype=torch.long), "prompt_mask": torch.ones(4, 1, dtype=torch.long),
@@ -157,7 +159,8 @@ TRL = {
     "sapo_exact_taus": (dict(loss_type="sapo", taus=(1.0, 1.25)), L.loss_config("sapo", tau_neg=1.25), {}),
     # the top-entropy mask, rho = 0.2, on per-response (TRL "grpo") and token-mean (TRL "dapo", eps 0.2 / 0.28) losses
     "top_entropy_grpo": (dict(loss_type="grpo", rho=0.2), L.loss_config("grpo", top_entropy_quantile=0.2), {}),
-    "top_entropy_dapo": (dict(loss_type="dapo", eps=(0.2, 0.28), rho=0.2), L.loss_config("dapo", top_entropy_quantile=0.2), {}),
+    "top_entropy_dapo": (dict(loss_type="dapo", eps=(0.2, 0.28), rho=0.2),
+                         L.loss_config("dapo", top_entropy_quantile=0.2), {}),
     "top_entropy_sapo_half": (dict(loss_type="sapo", taus=(1.0, 1.25), rho=0.5),
                               L.loss_config("sapo", tau_neg=1.25, top_entropy_quantile=0.5), {}),
     # the k3 KL penalty with the GRPO paper's beta 0.04 (the policy term at ratio 1)
@@ -168,7 +171,8 @@ TRL = {
     # ... under per-response losses too: the bonus is a plain token mean whatever the policy term's aggregation
     "adaptive_applied_grpo": (dict(loss_type="grpo", entropy_coef=0.3, adaptive=True, last_entropy=0.1),
                               L.loss_config("grpo", adaptive_entropy=True, entropy_coef=0.3), dict(entropy_grad=True)),
-    "adaptive_applied_sapo": (dict(loss_type="sapo", taus=(1.0, 1.25), entropy_coef=0.3, adaptive=True, last_entropy=0.1),
+    "adaptive_applied_sapo": (dict(loss_type="sapo", taus=(1.0, 1.25), entropy_coef=0.3, adaptive=True,
+                                   last_entropy=0.1),
                               L.loss_config("sapo", tau_neg=1.25, adaptive_entropy=True, entropy_coef=0.3),
                               dict(entropy_grad=True)),
     # ... and not applied (the last entropy 0.25 is above the target)

@@ -155,7 +155,9 @@ def copy_checkpoint(src, dst, edit=None):
 
 
 def test_export_writes_only_into_a_new_empty_or_earlier_export(tmp_path, tiny_checkpoint):
-    export = lambda out, *extra: RF.main(["export", tiny_checkpoint, str(out), *extra])
+    def export(out, *extra):
+        return RF.main(["export", tiny_checkpoint, str(out), *extra])
+
     export(tmp_path / "out")
     RF.check_model_folder(str(tmp_path / "out"))
     refused(lambda: export(tmp_path / "out"), "is not empty; pass --overwrite")
@@ -177,7 +179,8 @@ def test_export_writes_only_into_a_new_empty_or_earlier_export(tmp_path, tiny_ch
     export(tmp_path / "empty")
 
 
-def test_export_and_evaluate_refuse_shards_their_config_does_not_describe(tmp_path, tiny_checkpoint, capsys, monkeypatch):
+def test_export_and_evaluate_refuse_shards_their_config_does_not_describe(tmp_path, tiny_checkpoint, capsys,
+                                                                          monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     config = json.load(open(os.path.join(tiny_checkpoint, "config.json")))
     cases = [  # (folder, what the one line says)
@@ -185,7 +188,8 @@ def test_export_and_evaluate_refuse_shards_their_config_does_not_describe(tmp_pa
                                                                **({"layer_types": config["layer_types"][:-1]}
                                                                   if "layer_types" in config else {})}),
          "its shards do not hold the weights its config.json describes (0 of"),
-        (copy_checkpoint(tiny_checkpoint, tmp_path / "llama", {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}),
+        (copy_checkpoint(tiny_checkpoint, tmp_path / "llama", {"model_type": "llama",
+                                                               "architectures": ["LlamaForCausalLM"]}),
          "not in the model, e.g. model.model.layers.0.self_attn.k_proj.bias"),  # llama drops qwen2's biases
         (copy_checkpoint(tiny_checkpoint, tmp_path / "unknown", {"model_type": "qwen99"}),
          "transformers cannot build a model from its config.json"),
@@ -218,7 +222,8 @@ def test_runfolder_export_prints_its_error(tmp_path, tiny_checkpoint):
     message Python itself would not print)."""
     shard = copy_checkpoint(tiny_checkpoint, tmp_path / "no-shard")
     os.remove(os.path.join(shard, "__0_0.distcp"))
-    done = subprocess.run([sys.executable, "-m", "cegppo_utils.runfolder", "export", shard, str(tmp_path / "out")], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "cegppo_utils.runfolder", "export", shard, str(tmp_path / "out")],
+                          cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1] == \
@@ -254,13 +259,15 @@ def read_only(tmp_path):
         os.chmod(d, 0o755)
 
 
-def test_a_read_only_checkpoint_evaluates_from_a_cache_export(tmp_path, tiny_checkpoint, read_only, capsys, monkeypatch):
+def test_a_read_only_checkpoint_evaluates_from_a_cache_export(tmp_path, tiny_checkpoint, read_only, capsys,
+                                                              monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     ckpt = read_only(tiny_checkpoint)
     assert not RF._writable(ckpt)
     bench = write(tmp_path / "bench.jsonl", '{"problem": "1 + 1?", "answer": 2}\n')
-    code, err = run_evaluate_in_process(["evaluate.py", "--model", ckpt, "--benchmarks", bench, "--sampler", "hf", "--k", "1",
+    code, err = run_evaluate_in_process(["evaluate.py", "--model", ckpt, "--benchmarks", bench, "--sampler", "hf",
+                                         "--k", "1",
                                          "--max-tokens", "4", "--output", str(tmp_path / "results.json")], capsys)
     assert code == 0, err
     (export,) = os.listdir(tmp_path / "cache" / "ce-gppo" / "exports")
@@ -277,7 +284,8 @@ def test_evaluate_refuses_an_unknown_dtype_before_the_engine(tmp_path, capsys):
     bench = write(tmp_path / "bench.jsonl", '{"problem": "1 + 1?", "answer": 2}\n')
     code, err = run_evaluate_in_process(["evaluate.py", "--model", "tiny", "--benchmarks", bench, "--sampler", "vllm",
                                          "--dtype", "float77", "--output", str(tmp_path / "r.json")], capsys)
-    assert code == 2 and err.strip().splitlines()[-1].startswith("evaluate.py: error: argument --dtype: invalid choice: 'float77'")
+    assert code == 2 and err.strip().splitlines()[-1].startswith("evaluate.py: error: argument --dtype: invalid "
+                                                                 "choice: 'float77'")
 
 
 # --- flags: float32 bounds, the NaN stop, config files ----------------------------------------------------
@@ -290,19 +298,21 @@ def test_float_flags_that_float32_rounds_to_0_or_inf_are_refused(capsys):
             parse_train_args(extra)
         err = capsys.readouterr().err
         assert stopped.value.code == 2 and len(err.strip().splitlines()) == 1 and text in err, err
-    assert parse_train_args(["--tau-pos", "1e-40"]).loss.tau_pos == 1e-40  # a float32 subnormal: kept
+    assert parse_train_args(["--algo", "sapo", "--tau-pos", "1e-40"]).loss.tau_pos == 1e-40  # a float32 subnormal: kept
 
 
 def test_the_nan_stop_says_whether_a_checkpoint_exists(tmp_path, monkeypatch, capsys):
     import train
 
-    def nan_step(args):
+    def nan_step(args):  # a run that began (its config.json written), then broke
+        write(os.path.join(args.output_dir, "config.json"), json.dumps({"flags": {}}))
         raise FloatingPointError("step 3: the loss is nan; stopping")
 
     monkeypatch.setattr(train, "main", nan_step)
     with pytest.raises(SystemExit) as stopped:
         train.run(["--output-dir", str(tmp_path / "run")])
-    assert str(stopped.value) == ("train.py: step 3: the loss is nan; stopping; no checkpoint was written yet. Start again "
+    assert str(stopped.value) == ("train.py: step 3: the loss is nan; stopping; no checkpoint was written yet. "
+                                  "Start again "
                                   f"from step 0: {RF.resume_command(str(tmp_path / 'run'))}")
     fake_checkpoint(tmp_path / "run" / "checkpoints" / "step_000002")
     with pytest.raises(SystemExit) as stopped:
@@ -358,7 +368,8 @@ def test_config_json_keeps_the_launch_and_a_rerun_from_it_is_a_new_run(tmp_path)
     RF.begin(str(run), False, None, flags_now, launch)
     for i, host in enumerate(("b", "c")):
         RF.begin(str(run), True, None, {**flags_now, "resume": True},
-                 {"command": ["train.py", "--output-dir", str(run), "--resume"], "started": f"2026-01-0{i + 2}", "host": host})
+                 {"command": ["train.py", "--output-dir", str(run), "--resume"],
+                  "started": f"2026-01-0{i + 2}", "host": host})
     config = json.load(open(run / "config.json"))
     assert (config["command"], config["started"], config["host"]) == (launch["command"], launch["started"], "a")
     assert [(r["command"][-1], r["started"], r["host"]) for r in config["resumes"]] == \
@@ -366,7 +377,8 @@ def test_config_json_keeps_the_launch_and_a_rerun_from_it_is_a_new_run(tmp_path)
     assert "resume" not in config["flags"]
     rerun = parse_train_args(["--config", str(run / "config.json"), "--output-dir", str(tmp_path / "new")])
     assert rerun.resume is False and rerun.output_dir == str(tmp_path / "new")
-    legacy = write(tmp_path / "legacy.json", json.dumps({"flags": {**flags_now, "resume": True}}))  # saved before this fix
+    legacy = write(tmp_path / "legacy.json",
+                   json.dumps({"flags": {**flags_now, "resume": True}}))  # saved before this fix
     assert parse_train_args(["--config", legacy, "--output-dir", str(tmp_path / "new")]).resume is False
 
 
@@ -412,6 +424,7 @@ def test_a_literal_tilde_is_the_home_folder_wherever_a_path_is_read(tmp_path, mo
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(work)
     data = write(home / "train.jsonl", '{"problem": "1 + 1?", "answer": 2}\n')
+    (home / "model").mkdir()  # a --model path that does not exist is refused with the flags
     args = parse_train_args(["--output-dir=~/x", "--train-data", "~/train.jsonl", "--eval-data=~/train.jsonl",
                              "--model", "~/model"])
     assert (args.output_dir, args.train_data, args.eval_data, args.model) == \
@@ -531,7 +544,7 @@ def test_a_truncated_or_damaged_shard_is_refused_before_anything_is_evaluated(tm
     assert not os.path.exists(tmp_path / "out") and not os.path.exists(tmp_path / "r.json")
 
 
-# --- issue 48: races and leftovers -------------------------------------------------------------------------------------
+# --- issue 48: races and leftovers ------------------------------------------------------------------------------------
 
 def test_two_exports_of_one_checkpoint_at_once_make_one_and_both_use_it(tmp_path, tiny_checkpoint, monkeypatch):
     ckpt = copy_checkpoint(tiny_checkpoint, tmp_path / "step_000001")
@@ -641,3 +654,192 @@ def test_the_export_cache_is_reported_bounded_and_cleanable(tmp_path, tiny_check
                                              str(tmp_path / "r.json")], capsys)
         lines = [line for line in err.splitlines() if line.strip()]
         assert code == 2 and text in lines[-1] and "set XDG_CACHE_HOME to a writable folder" in lines[-1], err
+
+
+# --- issue 59 and 57: empty values, one-line refusals, one rule for unread options, resume, folders -----------------
+
+def refusal_line(argv, capsys) -> str:
+    """train.py's command line refuses argv: exit 2 and exactly one line on stderr, returned."""
+    with pytest.raises(SystemExit) as stopped:
+        parse_train_args(argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.endswith("\n") and err.count("\n") == 1, err
+    return err.strip()
+
+
+def before_torch(tmp_path, argv, **env):
+    """`python train.py ARGV` where torch and transformers cannot be imported: (exit code, stdout + stderr)."""
+    from test_bad_input import without_torch
+    done = subprocess.run([sys.executable, "train.py", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**without_torch(tmp_path), **env})
+    return done.returncode, done.stdout + done.stderr
+
+
+CHOICE_FLAGS = [f for f in flags.RUN_FIELDS + flags.LOSS_FIELDS
+                if f.metadata.get("rule") is not None and f.metadata["rule"].choices is not None
+                and flags.field_type(f) is str]
+
+
+def test_an_empty_value_is_a_bad_value_not_the_default(tmp_path, capsys):
+    """An unset shell variable (`--config "$CFG"`) is refused in one line: --config '' started a 100-step run,
+    --preset '' ran tiny; every choice flag, path and config value alike. The run's name may be empty (its folder's)."""
+    assert {f.name for f in CHOICE_FLAGS} >= {"algo", "precision", "sampler", "rollout_correction", "loss_agg_mode",
+                                              "dynamic_clip", "kl_estimator"}
+    for argv in [["--config", ""], ["--preset", ""], ["--resume", ""], ["--resume="], ["--output-dir", ""],
+                 ["--model", ""], ["--train-data", ""]] + [[f"--{f.name.replace('_', '-')}", ""] for f in CHOICE_FLAGS]:
+        err = refusal_line(argv, capsys)
+        flag = argv[0].split("=")[0]
+        assert f"{flag} is empty" in err or f"{flag} is given an empty" in err or f"{flag} must be one of" in err, err
+    config = write(tmp_path / "c.yaml", 'model: ""\n')
+    assert refusal_line(["--config", config], capsys) == f"train.py: error: --config {config}: model is empty; give " \
+                                                          "it a value, or leave it out"
+    assert parse_train_args(["--run-name", ""]).run_name == "tiny"
+    code, said = before_torch(tmp_path, ["--config", ""])  # the issue's case: it trained into runs/tiny
+    assert code == 2 and said.strip().splitlines() == ["train.py: error: --config is empty (an unset shell variable?); "
+                                                       "give it a value, or leave the flag out"], said
+
+
+def test_a_bad_value_in_a_config_file_or_a_runs_config_json_is_the_files(tmp_path, capsys):
+    """`algo: gpro` in a YAML file was a KeyError traceback; through a hand-edited config.json and --resume too. A bad
+    value read from a file is one line naming the file, not a flag as if typed: an edited lr, a preset `tinny`."""
+    from test_runfolder import recorded_run
+    config = write(tmp_path / "c.yaml", "algo: gpro\n")
+    assert refusal_line(["--config", config], capsys).startswith(
+        f"train.py: error: --config {config}: algo must be one of ['ce_gppo', ")
+    run = tmp_path / "run"
+    recorded_run(run, ["--max-steps", "4"], steps=[2])
+    saved = json.loads((run / "config.json").read_text())
+    source = f"--resume {run}: {run}/config.json"
+    for edit, said in (({"algo": "gpro"}, f"{source}: algo must be one of ['ce_gppo', "),
+                       ({"lr": 5}, f"{source}: lr must be > 0 and at most 1 (an AdamW step moves a weight by about "
+                                   "lr), got 5"),
+                       ({"train_prompts": 64}, f"{run}/config.json: --train-prompts (64) cannot exceed --gen-prompts")):
+        (run / "config.json").write_text(json.dumps({**saved, "flags": {**saved["flags"], **edit}}))
+        assert refusal_line(["--resume", str(run)], capsys).startswith(f"train.py: error: {said}"), edit
+    (run / "config.json").write_text(json.dumps({**saved, "preset": "tinny"}))
+    assert refusal_line(["--resume", str(run)], capsys) == (
+        f"train.py: error: {run}/config.json: unknown preset 'tinny'; choose one of {sorted(flags.PRESETS)}; did you "
+        "mean 'tiny'?")
+    assert refusal_line(["--preset", "tinny"], capsys).startswith("train.py: error: unknown preset 'tinny'")  # typed
+
+
+def test_every_refusal_is_one_readable_line(tmp_path, capsys):
+    """A newline in a path is escaped, not a second line; 10,000 unknown flags are named by the first few, at once (9 s
+    and a 78,930-character line before); a 100,000-character --algo and a 1,000,000-character `model:` in a config
+    file are cut to their start and length."""
+    import time
+    err = refusal_line(["--train-data", "my\ndata.jsonl"], capsys)
+    assert "--train-data my\\ndata.jsonl: no such file" in err
+    start = time.perf_counter()
+    err = refusal_line([f"--bogus-{i}" for i in range(10_000)], capsys)
+    assert time.perf_counter() - start < 3 and len(err) < 300, err
+    assert err.startswith("train.py: error: unrecognized arguments: --bogus-0 --bogus-1 ") and "and 9995 more" in err
+    err = refusal_line(["--algo", "x" * 100_000], capsys)
+    assert "(100001 characters)" in err and len(err) < 1000, err[:300]
+    config = write(tmp_path / "long.yaml", "model: " + "m" * 1_000_000 + "\n")
+    err = refusal_line(["--config", config], capsys)
+    assert "(1000000 characters): no such model folder" in err and len(err) < 1000, err[:300]
+    assert RF.one_line("a\x1b[31mred\ttab") == "a\\x1b[31mred\\ttab"
+
+
+def test_an_option_nothing_reads_is_refused_by_one_rule(capsys):
+    """An option typed where the algorithm or mode does not read it changes nothing, so it is refused as --dynamic-clip
+    on an algorithm without it is: --erc-low on grpo and --icepop-low under token-tis were accepted silently. Where
+    the algorithm or mode reads it, it is taken."""
+    for argv, said in (
+            (["--algo", "grpo", "--erc-low", "0.9"], "--erc-low does not apply to grpo (only gppo_erc and grpo_erc "
+                                                     "read it); leave it out, or choose one of those with --algo"),
+            (["--algo", "grpo", "--beta1", "0.3"], "--beta1 does not apply to grpo (only ce_gppo reads it)"),
+            (["--rollout-correction", "token-tis", "--icepop-low", "0.3"],
+             "--icepop-low is read only with --rollout-correction token-icepop, which this run does not use"),
+            (["--rollout-correction", "token-icepop", "--rollout-correction-threshold", "3"],
+             "--rollout-correction-threshold is read only with --rollout-correction token-tis, token-mis, seq-tis"),
+            (["--entropy-target", "0.3"], "--entropy-target is read only with --adaptive-entropy"),
+            (["--kl-estimator", "k2"], "--kl-estimator is read only with --kl-coef above 0"),
+            (["--od-initial-entropy", "0"], "--od-initial-entropy is read only with --dynamic-clip od"),
+            (["--norm-len", "10"], "--norm-len is read only with --loss-agg-mode seq-mean-token-sum-norm"),
+            (["--micro-batch-tokens", "512", "--micro-batch-size", "8"],
+             "--micro-batch-size is read only with padded micro-batches (--micro-batch-tokens 0)"),
+            (["--algo", "cispo", "--dynamic-clip", "id"], "--dynamic-clip does not apply to cispo")):
+        assert said in refusal_line(argv, capsys), argv
+    for argv in (["--algo", "gppo_erc", "--erc-low", "0.9"], ["--rollout-correction", "token-icepop",
+                                                              "--icepop-low", "0.3"],
+                 ["--adaptive-entropy", "--entropy-target", "0.3"], ["--kl-coef", "0.01", "--kl-estimator", "k2"],
+                 ["--dynamic-clip", "od", "--od-initial-entropy", "0"],
+                 ["--algo", "dppo_tv", "--norm-len", "10"], ["--micro-batch-size", "8"]):
+        parse_train_args(argv)
+
+
+def test_packed_micro_batches_take_the_default_micro_batch_size():
+    """--micro-batch-tokens 512 with the default --micro-batch-size was refused ("must divide ... 16"), while the size
+    is unused when packing (docs/training.md)."""
+    args = parse_train_args(["--micro-batch-tokens", "512"])
+    assert args.micro_batch_tokens == 512 and (args.mini_batch_prompts * args.n) % args.micro_batch_size == 0
+    assert parse_train_args(["--preset", "merge", "--micro-batch-tokens", "512", "--n", "6"]).micro_batch_tokens == 512
+
+
+def test_resume_accepts_the_launch_command_typed_again(tmp_path, capsys):
+    """`--resume RUN --norm-len 0` restates the launch (0 is the run's max response length, as it recorded it: 48);
+    `--resume RUN --output-dir RUN/` names one folder; a value that really differs is refused, naming config.json."""
+    from test_runfolder import recorded_run
+    run = tmp_path / "run"
+    launch = ["--algo", "dppo_tv", "--norm-len", "0", "--seed", "3"]
+    started = recorded_run(run, launch, steps=[2])
+    assert started.loss.norm_len == 48
+    for argv in (["--resume", str(run), *launch], ["--resume", str(run), "--output-dir", f"{run}/"],
+                 ["--resume", f"{run}/", "--output-dir", str(run)]):
+        assert flags.flat_flags(parse_train_args(argv))["norm_len"] == 48, argv
+    err = refusal_line(["--resume", str(run), "--norm-len", "10", "--seed", "3"], capsys)
+    assert err.startswith(f"train.py: error: --resume {run}: --norm-len 10 (the run's: 48); a run resumes with its own "
+                          f"settings ({run}/config.json): a flag typed beside --resume may restate the run's own "
+                          "value, or change how long it runs and what it logs"), err
+
+
+def test_a_folder_without_a_run_is_not_resumed_and_an_occupied_one_is_refused_before_torch(tmp_path):
+    """`--resume DIR` where DIR holds no run of this project (missing, empty, someone's files) trained from step 0;
+    it is refused before torch loads, nothing created. A new run into a folder that holds a run is refused before
+    torch loads too (it took 9-13 s, torch loading first)."""
+    from test_runfolder import recorded_run
+    empty, notes = tmp_path / "empty", tmp_path / "notes"
+    empty.mkdir(), notes.mkdir()
+    write(notes / "notes.txt", "mine")
+    for folder, said in ((tmp_path / "nonexist", "no such folder"), (empty, "holds no run of this project"),
+                         (notes, "holds files of its own (notes.txt) and no run")):
+        code, out = before_torch(tmp_path, ["--resume", str(folder)])
+        assert code == 2 and len(out.strip().splitlines()) == 1 and said in out, out
+    assert not os.path.exists(tmp_path / "nonexist") and os.listdir(empty) == []
+    run = tmp_path / "run"
+    recorded_run(run, [], steps=[2])
+    code, out = before_torch(tmp_path, ["--output-dir", str(run)])
+    assert code == 2 and out.startswith(f"train.py: error: {run} holds a run (checkpoints): pass --resume"), out
+
+
+def test_a_refused_run_leaves_no_folder_even_for_a_literal_tilde(tmp_path):
+    """`--output-dir=~/x` with a --model that does not exist: refused (exit 2) before torch loads and before the
+    folder is made; $HOME/x was left behind."""
+    home = tmp_path / "home"
+    home.mkdir()
+    for model in ("~/no-model", "./no-model", "tiny:nope"):
+        code, out = before_torch(tmp_path, ["--output-dir=~/x", "--model", model], HOME=str(home))
+        assert code == 2 and len(out.strip().splitlines()) == 1 and "--model " in out, out
+    assert os.listdir(home) == []
+
+
+def test_default_output_folders_of_different_runs_differ():
+    """Without --output-dir: runs/PRESET for the preset's own algorithm, runs/PRESET-ALGO for another, and
+    -FLAG-VALUE for each setting given that the run computes with (how long it runs or what it logs is not one): the
+    quick start's run and `--algo grpo --max-steps 20` no longer share runs/tiny, nor README's Table 1 commands."""
+    folder = lambda *argv: parse_train_args(list(argv)).output_dir  # noqa: E731
+    assert folder("--preset", "tiny") == "runs/tiny" == folder("--max-steps", "20", "--algo", "ce_gppo")
+    assert folder("--preset", "tiny", "--algo", "grpo", "--max-steps", "20") == "runs/tiny-grpo"
+    assert folder("--preset", "r1-distill-1.5b", "--algo", "grpo") == "runs/r1-distill-1.5b-grpo"
+    assert folder("--preset", "r1-distill-1.5b", "--beta1", "0.75") == "runs/r1-distill-1.5b-beta1-0.75"
+    assert folder("--preset", "r1-distill-1.5b", "--beta1", "0.5") == "runs/r1-distill-1.5b"  # the preset's own value
+    assert folder("--lr", "3e-4", "--seed", "2") == "runs/tiny-seed-2-lr-0.0003"  # in the order of --help
+    assert folder("--algo", "grpo", "--output-dir", "runs/mine") == "runs/mine"
+    long = folder("--algo", "grpo", "--lr", "3e-4", "--seed", "2", "--gen-prompts", "16", "--temperature", "0.9",
+                  "--top-p", "0.95", "--max-response-len", "40")
+    assert long.startswith("runs/tiny-grpo-") and len(long) < 40
+    # the launch command typed again with --resume finds the run's own folder
+    assert parse_train_args(["--preset", "tiny", "--algo", "grpo", "--output-dir", "runs/tiny-grpo"]).run_name == \
+        "tiny-grpo"

@@ -152,8 +152,10 @@ def log_ratios(sampler, policy, tokenizer, *, temperature, top_p, prompts=PROBLE
     import train
     prompt_ids = rollout.encode_prompts(tokenizer, prompts)
     torch.manual_seed(0)
-    groups = sampler.generate(prompt_ids, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=True)
-    seqs = [{"prompt_ids": ids, "response_ids": c.token_ids, "sampler_logprobs": c.logprobs, "advantage": 0.0, "correct": False}
+    groups = sampler.generate(prompt_ids, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                              logprobs=True)
+    seqs = [{"prompt_ids": ids, "response_ids": c.token_ids, "sampler_logprobs": c.logprobs, "advantage": 0.0,
+             "correct": False}
             for ids, g in zip(prompt_ids, groups) for c in g]
     mb = train.collate(seqs, tokenizer.pad_token_id, torch.device("cpu"))
     with torch.no_grad():
@@ -189,7 +191,8 @@ def test_fp32_sampler_and_trainer_agree_and_bf16_sampler_does_not(engine, bf16_e
 
 
 @pytest.mark.slow
-def test_under_top_p_the_ratio_over_the_kept_support_is_one_and_the_full_one_is_the_kept_mass(engine, policy, tokenizer):
+def test_under_top_p_the_ratio_over_the_kept_support_is_one_and_the_full_one_is_the_kept_mass(
+        engine, policy, tokenizer):
     """vLLM's processed log-probs are renormalised over the tokens top-p keeps. Taken over the full vocabulary, the
     trainer's ratio pi / q is the kept mass (not 1) even though both sides compute the same distribution; taken over
     the same kept support (what train.py does) it is 1."""
@@ -213,7 +216,8 @@ def test_sync_check_passes_a_synced_sampler_and_stops_a_stale_one(sampler, polic
         for p in moved.parameters():
             p.add_(torch.randn_like(p) * 0.02)
     assert rollout.sync_mismatch(sampler, moved, prompt) > 10 * rollout.SYNC_TOLERANCE["fp32"]
-    with pytest.raises(rollout.SamplerOutOfSync, match=r"step 3: the sampler \(\w+\) does not hold the trainer's weights"):
+    with pytest.raises(rollout.SamplerOutOfSync,
+                       match=r"step 3: the sampler \(\w+\) does not hold the trainer's weights"):
         rollout.check_sync(sampler, moved, prompt, "fp32", step=2)
 
 
@@ -279,12 +283,16 @@ def test_no_two_samples_of_a_run_share_a_seed():
     call seeds are distinct per step, rank and purpose (distributed.rank_seed of train.py's step seeds), and each
     call seed owns a disjoint block."""
     world, seed = 4, 3
-    rank_seed = lambda s, rank: s * world + rank  # distributed.rank_seed on rank `rank` of `world`
+
+    def rank_seed(s, rank):  # distributed.rank_seed on rank `rank` of `world`
+        return s * world + rank
     calls = [rank_seed(seed * 1_000_003 + step, r) for step in range(3) for r in range(world)]  # sample_groups
-    calls += [rank_seed(seed * 1_000_003 + step - 1 + 500_000, r) for step in (0, 2) for r in range(world)]  # evaluation
+    calls += [rank_seed(seed * 1_000_003 + step - 1 + 500_000, r)
+              for step in (0, 2) for r in range(world)]  # evaluation
     seen = [s for call in calls for s in streams(call, 64, 8)]
     assert len(set(seen)) == len(seen) == len(calls) * 64 * 8
-    assert not set(streams(0, 256, 8)) & set(streams(1, 256, 8))  # consecutive call seeds (with seed + i: all but 8 shared)
+    # consecutive call seeds (with seed + i: all but 8 shared)
+    assert not set(streams(0, 256, 8)) & set(streams(1, 256, 8))
     assert max(streams(2**31 - 1, 256, 32)) < 2**63  # fits torch.Generator's int64 seed
     with pytest.raises(ValueError, match="do not fit one call's block"):
         rollout.request_seed(0, 2**30, 8)

@@ -20,11 +20,15 @@ from cegppo_utils import flags, runfolder
 FAST = SMALL + ["--sampler", "hf", "--max-steps", "3", "--save-every", "2"]  # checkpoints at steps 2 and 3
 
 
-def train(output_dir, *extra, crash_at=None, interrupt_at=None, expect=0):
+def train(output_dir, *extra, crash_at=None, interrupt_at=None, ctrl_c_at=None, expect=0):
+    """train.py on FAST's flags; ctrl_c_at: SIGINT to its whole process group there, as a terminal's Ctrl-C (the run
+    gets a session of its own, so the signal reaches it, its reward workers and fork server, and not the tests)."""
     env = {**os.environ, **({"TRAIN_CRASH_AT": crash_at} if crash_at else {}),
-           **({"TRAIN_INTERRUPT_AT": interrupt_at} if interrupt_at else {})}
+           **({"TRAIN_INTERRUPT_AT": interrupt_at} if interrupt_at else {}),
+           **({"TRAIN_CTRL_C_AT": ctrl_c_at} if ctrl_c_at else {})}
     done = subprocess.run([sys.executable, "train.py", *FAST, "--output-dir", str(output_dir), *extra], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, env=env, preexec_fn=default_sigint)
+                          capture_output=True, text=True, timeout=600, env=env, preexec_fn=default_sigint,
+                          start_new_session=ctrl_c_at is not None)
     assert done.returncode == expect, (done.returncode, done.stderr[-3000:])
     return done
 
@@ -67,17 +71,20 @@ def test_killed_runs_resume_to_the_parameters_of_an_uninterrupted_run(tmp_path, 
         assert [r["step"] for r in rows] == [1, 2, 3], point  # each step once
         assert [r["reward_mean"] for r in rows] == [r["reward_mean"] for r in want_rows], point
         same_parameters(want, final_state(out))
-        discarded = (out / "metrics.discarded.jsonl").read_text().splitlines() if os.path.exists(out / "metrics.discarded.jsonl") else []
+        discarded = ((out / "metrics.discarded.jsonl").read_text().splitlines()
+                     if os.path.exists(out / "metrics.discarded.jsonl") else [])
         if point == "checkpoint:2":  # resumed from step 0: step 1's row and the torn line are kept aside (step 2's
             # row was not logged yet: a step's checkpoint is written before its row, so an evaluation can follow it)
-            assert len(discarded) == 2 and json.loads(discarded[0])["step"] == 1 and discarded[-1] == '{"step": 3, "reward_me'
+            assert (len(discarded) == 2 and json.loads(discarded[0])["step"] == 1
+                    and discarded[-1] == '{"step": 3, "reward_me')
 
 
 @pytest.mark.slow
 def test_nan_weights_stop_the_run_before_anything_is_saved(tmp_path, monkeypatch, tiny_model_path):
     """A weight that turns non-finite in an optimizer step (the loss and gradient norm of that step were finite) stops
     the run before any checkpoint or final/ is written. The issue's command (--lr inf) is now refused at start."""
-    refused = subprocess.run([sys.executable, "train.py", *SMALL, "--lr", "inf", "--train-prompts", "4", "--mini-batch-prompts",
+    refused = subprocess.run([sys.executable, "train.py", *SMALL, "--lr", "inf",
+                              "--train-prompts", "4", "--mini-batch-prompts",
                               "4", "--max-steps", "4", "--save-every", "2", "--output-dir", str(tmp_path / "inf")],
                              cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert refused.returncode == 2 and "--lr must be > 0 and at most 1" in refused.stderr
@@ -93,7 +100,8 @@ def test_nan_weights_stop_the_run_before_anything_is_saved(tmp_path, monkeypatch
         return out
 
     monkeypatch.setattr(torch.optim.AdamW, "step", step_then_corrupt)
-    args = parse_train_args(SMALL + ["--sampler", "hf", "--train-prompts", "4", "--mini-batch-prompts", "4", "--max-steps", "4",
+    args = parse_train_args(SMALL + ["--sampler", "hf", "--train-prompts", "4", "--mini-batch-prompts", "4",
+                                     "--max-steps", "4",
                                      "--save-every", "1", "--output-dir", str(tmp_path / "nan")])
     with pytest.raises(FloatingPointError, match="step 1: the parameters are no longer finite"):
         train.main(args)
@@ -128,11 +136,14 @@ def test_a_full_disk_removes_the_partial_checkpoint_and_keeps_the_last_good_one(
 
     def full_disk(state, checkpoint_id, **kw):  # what torch's writer raises when the disk fills mid-file (see below)
         real_save(state, checkpoint_id=checkpoint_id, **kw)
-        raise CheckpointException("write", {0: (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 123 vs 456"), [])})
+        raise CheckpointException("write",
+                                  {0: (RuntimeError("[enforce fail at inline_container.cc:672] . "
+                                                    "unexpected pos 123 vs 456"), [])})
 
     monkeypatch.setattr(dcp, "save", full_disk)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))
-    with pytest.raises(SystemExit, match=r"no space left on the device writing .*step_000002; its partial folder was removed"):
+    with pytest.raises(SystemExit, match=r"no space left on the device writing .*step_000002; "
+                                         r"its partial folder was removed"):
         runfolder.save_checkpoint(str(tmp_path), 2, 2, model, tokenizer, optimizer, {"flags": {}})
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_000001"]
     state = runfolder.load_checkpoint(str(tmp_path / "checkpoints" / "step_000001"), model, optimizer)
@@ -157,7 +168,8 @@ class Tokenizer:
 def small_model():
     from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+    config = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2,
                          num_key_value_heads=1, max_position_embeddings=64)
     model = Qwen2ForCausalLM(config)
     return model, torch.optim.AdamW(model.parameters())
@@ -193,7 +205,8 @@ def test_a_really_full_disk_stops_in_one_line_and_keeps_the_last_good_checkpoint
         def no_space(fd):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         monkeypatch.setattr(fs.os, "fsync", no_space)
-    with pytest.raises(SystemExit, match=r"no space left on the device writing .*step_000002; its partial folder was removed"):
+    with pytest.raises(SystemExit, match=r"no space left on the device writing .*step_000002; "
+                                         r"its partial folder was removed"):
         runfolder.save_checkpoint(out, 2, 2, model, Tokenizer(), optimizer, {"flags": {}})
     assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_000001"]  # no step_000002.tmp left
     state = runfolder.load_checkpoint(os.path.join(out, "checkpoints", "step_000001"), model, optimizer)
@@ -217,6 +230,27 @@ def test_ctrl_c_during_a_checkpoint_write_leaves_no_partial_folder(tmp_path, mon
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_000001"]
 
 
+def test_ctrl_c_inside_torchs_checkpoint_code_stops_as_ctrl_c(tmp_path, monkeypatch):
+    """Ctrl-C while torch.distributed.checkpoint writes or reads arrives wrapped in its CheckpointException (a
+    BaseException): it was a traceback and exit 1 (train.py caught neither). The interrupt itself comes out: the write
+    leaves no partial folder, the read is not called a damaged checkpoint."""
+    import torch.distributed.checkpoint.filesystem as fs
+    model, optimizer = small_model()
+    runfolder.save_checkpoint(str(tmp_path), 1, 2, model, Tokenizer(), optimizer, {"flags": {}})
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(fs.os, "fsync", ctrl_c)  # inside torch's writer, as SIGINT lands there
+        with pytest.raises(KeyboardInterrupt):
+            runfolder.save_checkpoint(str(tmp_path), 2, 2, model, Tokenizer(), optimizer, {"flags": {}})
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_000001"]
+    monkeypatch.setattr(torch, "load", ctrl_c)  # the optimizer's plain values are read through it, inside dcp.load
+    with pytest.raises(KeyboardInterrupt):
+        runfolder.load_checkpoint(str(tmp_path / "checkpoints" / "step_000001"), model, optimizer)
+
+
 HOLD = """
 import time
 from cegppo_utils import runfolder
@@ -229,10 +263,12 @@ time.sleep(120)
 @pytest.mark.slow
 def test_one_run_per_output_folder_and_a_dead_runs_lock_is_reported(tmp_path):
     folder = str(tmp_path / "run")
-    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(folder=folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(folder=folder)], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(SystemExit, match=rf"--output-dir {folder} is in use by another run \(pid {holder.pid} on .*, "
+        with pytest.raises(SystemExit, match=rf"--output-dir {folder} is in use by another run "
+                                             rf"\(pid {holder.pid} on .*, "
                                              r"started .*\); wait for it to end, or choose another --output-dir"):
             runfolder.lock_output_dir(folder)
     finally:
@@ -274,7 +310,8 @@ def test_planted_pickles_in_a_checkpoint_are_refused_without_running(tmp_path):
     # a dotted global reaches through an allowed module to a function: refused too
     meta = os.path.join(ckpt, ".metadata")
     with open(meta, "wb") as f:
-        f.write(b"\x80\x04ctorch.distributed.checkpoint.filesystem\nos.system\n(Vtrue\ntR.")  # plain pickle would run it
+        f.write(b"\x80\x04ctorch.distributed.checkpoint.filesystem\n"
+                b"os.system\n(Vtrue\ntR.")  # plain pickle would run it
     with pytest.raises(SystemExit, match=r"names torch.distributed.checkpoint.filesystem.os.system"):
         runfolder.check_checkpoint(ckpt)
 
@@ -301,17 +338,21 @@ def test_model_folders_with_parts_missing_are_one_line(tmp_path):
     cases = {
         "no weights": (lambda f: os.remove(f / weights), "has config.json but no weights"),
         "no config": (lambda f: os.remove(f / "config.json"), "the folder has no config.json"),
-        "config torn": (lambda f: write(f / "config.json", '{"model_type": "qw'), "config.json is not readable (not valid JSON"),
+        "config torn": (lambda f: write(f / "config.json", '{"model_type": "qw'),
+                        "config.json is not readable (not valid JSON"),
         "config a list": (lambda f: write(f / "config.json", "[]"), "config.json is not a JSON object"),
         "config not a model": (lambda f: write(f / "config.json", '{"a": 1}'), "config.json names no model_type"),
         "config binary": (lambda f: write(f / "config.json", b"\xff\xfe\x00", "wb"), "config.json is not readable"),
-        "weights truncated": (lambda f: os.truncate(f / weights, size // 2), f"truncated or damaged ({size // 2} bytes"),
+        "weights truncated": (lambda f: os.truncate(f / weights, size // 2),
+                              f"truncated or damaged ({size // 2} bytes"),
         "weights empty": (lambda f: os.truncate(f / weights, 0), "not a safetensors file"),
         "weights garbage": (lambda f: write(f / weights, b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!", "wb"),
                             "not a safetensors file"),
-        "weights padded": (lambda f: write(f / weights, b"\x00" * 9, "ab"), f"({size + 9} bytes; its header declares {size})"),
+        "weights padded": (lambda f: write(f / weights, b"\x00" * 9, "ab"),
+                           f"({size + 9} bytes; its header declares {size})"),
         "index names a missing shard": (lambda f: write(f / "model.safetensors.index.json", json.dumps(
-            {"weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}})), "names 1 weight file(s) that are missing"),
+            {"weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}})),
+                                        "names 1 weight file(s) that are missing"),
         "index without a map": (lambda f: write(f / "model.safetensors.index.json", "{}"), "has no weight_map"),
     }
     wrong = []
@@ -361,7 +402,8 @@ def test_a_planted_object_in_a_checkpoint_shard_is_refused_without_running(tmp_p
     model_state, optimizer_state = get_state_dict(model, optimizer)
     optimizer_state["param_groups"][0]["lr"] = Planted(marker)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder, no_dist=True)
-    with pytest.raises(SystemExit, match=r"\.metadata has \d+ bytes, not the \d+ written when the checkpoint was saved"):
+    with pytest.raises(SystemExit, match=r"\.metadata has \d+ bytes, "
+                                         r"not the \d+ written when the checkpoint was saved"):
         runfolder.check_checkpoint(folder)  # the shards' recorded sizes and hashes no longer match
     runfolder.write_manifest(folder)  # whoever can rewrite the shards can rewrite their manifest too
     runfolder.check_checkpoint(folder)  # its .metadata is DCP's own
@@ -372,11 +414,12 @@ def test_a_planted_object_in_a_checkpoint_shard_is_refused_without_running(tmp_p
 
 @pytest.mark.slow
 def test_ctrl_c_ends_in_the_command_that_resumes_exactly_from_the_early_checkpoint(tmp_path, finished_run):
-    """SIGINT while step 3 samples, with checkpoints every 25 steps but the first at step 2 (--save-first): one line
-    naming that checkpoint and the command that goes on, exit 1, no traceback; that command, as printed, then ends
-    where the uninterrupted run did."""
+    """Ctrl-C as a terminal sends it (SIGINT to the process group: train.py, its reward workers, the fork server)
+    while step 3 samples, with checkpoints every 25 steps but the first at step 2 (--save-first): one line naming
+    that checkpoint and the command that goes on, exit 1, no traceback; that command, as printed, then ends where the
+    uninterrupted run did."""
     out = tmp_path / "run"
-    stopped = train(out, "--save-every", "25", "--save-first", "2", interrupt_at="sampling:3", expect=1)
+    stopped = train(out, "--save-every", "25", "--save-first", "2", ctrl_c_at="sampling:3", expect=1)
     lines = [line for line in stopped.stderr.splitlines() if line.strip() and not line.startswith("train:")]
     assert "Traceback" not in stopped.stderr and lines[-1].startswith("train.py: interrupted; the last checkpoint, ")
     command = lines[-1].split("is kept. Continue from step 2: ")[1]
@@ -399,7 +442,8 @@ def test_sigterm_ends_like_ctrl_c_and_resume_goes_on(tmp_path):
                           text=True, timeout=600, env={**os.environ, "TRAIN_TERMINATE_AT": "sampling:3"})
     lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("train:")]
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert lines[-1] == (f"train.py: terminated (SIGTERM); the last checkpoint, {out}/checkpoints/step_000002, is kept. "
+    assert lines[-1] == (f"train.py: terminated (SIGTERM); "
+                         f"the last checkpoint, {out}/checkpoints/step_000002, is kept. "
                          f"Continue from step 2: .venv/bin/python train.py --resume {out}")
     assert open(out / ".lock").read() == ""  # released
     train(out, "--resume")
@@ -411,13 +455,15 @@ def test_a_second_run_on_a_busy_folder_is_refused_at_once(tmp_path):
     """Two train.py on one folder: the second is refused while the first holds the lock (here: a helper process
     holding it, so the test does not depend on timing)."""
     folder = str(tmp_path / "run")
-    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(folder=folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(folder=folder)], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
         second = train(folder, expect=2)
         last = second.stderr.strip().splitlines()[-1]
         assert last.startswith(f"train.py: error: --output-dir {folder} is in use by another run (pid {holder.pid} on ")
-        assert last.endswith("); wait for it to end, or choose another --output-dir") and "Traceback" not in second.stderr
+        assert (last.endswith("); wait for it to end, or choose another --output-dir")
+                and "Traceback" not in second.stderr)
         assert not os.path.exists(os.path.join(folder, "metrics.jsonl"))
     finally:
         holder.kill()
@@ -437,8 +483,9 @@ def recorded_run(folder, argv, steps=(), final=False):
     (folder / "metrics.jsonl").write_text('{"step": 1}\n')
     for step in steps:
         os.makedirs(folder / "checkpoints" / f"step_{step:06d}")
-    if final:
+    if final:  # final/ holds the newest checkpoint's policy, and says so
         os.makedirs(folder / "final")
+        (folder / "final" / runfolder.FINAL_RECORD).write_text(json.dumps({"step": max(steps)}))
     return args
 
 
@@ -465,7 +512,7 @@ def test_resume_reads_the_runs_own_settings_and_refuses_only_what_was_typed(tmp_
     err = refusal(["--resume", str(run), "--seed", "4", "--gen-prompts", "8", "--max-steps", "300"], capsys)
     assert f"--resume {run}: --seed 4 (the run's: 3), --gen-prompts 8 (the run's: 4); a run resumes with its own " \
            "settings" in err
-    assert "--max-steps" not in err.split("may change")[0] and "mini-batch" not in err  # only what was typed, and differs
+    assert "--max-steps" not in err.split("may restate")[0] and "mini-batch" not in err  # only what was typed, differs
     assert "--preset 'tiny' (the run's: 'merge')" in refusal(["--resume", str(run), "--preset", "tiny"], capsys)
     assert "name two folders" in refusal(["--resume", str(run), "--output-dir", str(tmp_path / "other")], capsys)
 
@@ -482,7 +529,8 @@ def test_a_finished_run_is_answered_before_torch_loads(tmp_path):
                           text=True, timeout=120, env=env)
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout == (f"train.py: {run} finished at step 4; nothing to resume. Its policy is in {run}/final; to "
-                           f"train on, raise --max-steps: .venv/bin/python train.py --resume {run} --max-steps N (N > 4)\n")
+                           f"train on, raise --max-steps: .venv/bin/python train.py --resume {run} "
+                           f"--max-steps N (N > 4)\n")
     on = subprocess.run([sys.executable, "train.py", "--resume", str(run), "--max-steps", "6"], cwd=ROOT,
                         capture_output=True, text=True, timeout=120, env=env)
     assert on.returncode != 0 and "torch was imported" in on.stderr  # past the answers, into the run's imports
@@ -527,6 +575,13 @@ def test_every_stop_message_ends_in_the_command_that_goes_on(tmp_path, monkeypat
     run = tmp_path / "my run"
     command = f".venv/bin/python train.py --resume '{run}'"
     assert runfolder.resume_command(str(run)) == command
+    # stopped before the run recorded itself (its config.json): the command as typed, not a --resume of nothing
+    assert runfolder.interrupted(str(run)) == ("train.py: interrupted before the run began; nothing of it is kept. "
+                                               "Start it again: .venv/bin/python train.py --max-steps 9")
+    assert runfolder.kept_note(str(run)) == ("the run had not begun (nothing of it is kept). Start it again: "
+                                             ".venv/bin/python train.py --max-steps 9")
+    os.makedirs(run)
+    (run / "config.json").write_text(json.dumps({"flags": {}}))
     assert runfolder.interrupted(str(run)) == f"train.py: interrupted before the first checkpoint. Start again from " \
                                               f"step 0: {command}"
     assert runfolder.kept_note(str(run)) == f"no checkpoint was written yet. Start again from step 0: {command}"
@@ -538,3 +593,70 @@ def test_every_stop_message_ends_in_the_command_that_goes_on(tmp_path, monkeypat
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert runfolder.resume_command(str(run)) == f"torchrun --nproc-per-node=2 train.py --resume '{run}'"
+
+
+# --- issue 59: the finished-run answer is what final/ holds; a run stopped before it began --------------------------
+
+def test_the_finished_run_answer_names_the_step_final_holds(tmp_path):
+    """A finished run is answered (before torch loads) only where final/ holds its newest checkpoint's step: a run
+    that finished at 2, was resumed to 4 and stopped after checkpoint 3 is not "finished at step 3" while final/
+    still holds step 2's policy; its resume goes on (to write step 3's final/). A final/ without its record (written
+    before records were kept) is not taken on trust either."""
+    from test_bad_input import without_torch
+    run = tmp_path / "run"
+    recorded_run(run, ["--max-steps", "2"], steps=[2, 3], final=True)
+    (run / "final" / runfolder.FINAL_RECORD).write_text(json.dumps({"step": 2}))
+    env = without_torch(tmp_path)
+    resume = [sys.executable, "train.py", "--resume", str(run), "--max-steps", "3"]
+    on = subprocess.run(resume, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert on.returncode != 0 and "torch was imported" in on.stderr and "finished" not in on.stdout, on.stdout
+    assert runfolder.finished_step(str(run), 3) is None and runfolder.final_step(str(run)) == 2
+    os.remove(run / "final" / runfolder.FINAL_RECORD)
+    assert runfolder.final_step(str(run)) is None and runfolder.finished_step(str(run), 3) is None
+    (run / "final" / runfolder.FINAL_RECORD).write_text(json.dumps({"step": 3}))
+    done = subprocess.run(resume, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stdout.startswith(f"train.py: {run} finished at step 3; nothing to resume"), \
+        done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_a_resume_stopped_after_a_checkpoint_then_finished_writes_that_steps_final(tmp_path, finished_run):
+    """The issue's sequence: a run finished at step 3 (final/ = step 3); `--resume --max-steps 5` killed while step 5
+    samples (checkpoint 4 kept, final/ still step 3's); then `--resume --max-steps 4` exits 0 with final/ holding
+    step 4's policy (the checkpoint's weights), recorded as step 4, and a further resume is answered finished."""
+    from safetensors.torch import load_file
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    train(out, "--resume", "--max-steps", "5", "--save-every", "1", crash_at="sampling:5", expect=-9)
+    assert runfolder.step_of(runfolder.checkpoint_dirs(str(out))[-1]) == 4 and runfolder.final_step(str(out)) == 3
+    done = train(out, "--resume", "--max-steps", "4")
+    assert "finished" not in done.stdout and "resumed from" in done.stdout, done.stdout
+    assert runfolder.final_step(str(out)) == 4
+    exported = runfolder.export_hf(str(out / "checkpoints" / "step_000004"), str(tmp_path / "step4"))
+    same_parameters(load_file(os.path.join(exported, "model.safetensors")), final_state(out))
+    again = train(out, "--resume", "--max-steps", "4")
+    assert again.stdout.startswith(f"train.py: {out} finished at step 4; nothing to resume"), again.stdout
+
+
+def test_a_run_stopped_before_it_began_leaves_nothing_and_names_its_command(tmp_path, monkeypatch, capsys):
+    """Ctrl-C (or SIGTERM) before the run recorded itself (its config.json: loading the model, say) takes back the
+    folder the lock made, and the stop line gives the command as typed: a --resume of that folder would be refused,
+    as a folder that holds no run."""
+    import train as train_py
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    out = tmp_path / "new" / "run"
+
+    def stopped_while_loading(args):
+        assert os.path.isdir(out)  # the lock made it
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_py, "main", stopped_while_loading)
+    argv = ["--output-dir", str(out), "--max-steps", "2"]
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+    with pytest.raises(SystemExit) as stopped:
+        train_py.run(argv)
+    assert str(stopped.value) == ("train.py: interrupted before the run began; nothing of it is kept. Start it again: "
+                                  f".venv/bin/python train.py --output-dir {out} --max-steps 2")
+    assert not os.path.exists(tmp_path / "new")
+

@@ -2,6 +2,7 @@
 and the table's paired intervals on hand-made runs."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -13,10 +14,13 @@ from tools import stats, study
 
 @pytest.mark.slow
 def test_a_two_step_study_runs_resumes_and_reports(tmp_path, tiny_model_path):
-    cmd = [sys.executable, "-m", "tools.study", "--preset", "tiny", "--steps", "2", "--seeds", "0", "--configs", "grpo,ppo_clip",
+    cmd = [sys.executable, "-m", "tools.study", "--preset", "tiny", "--steps", "2", "--seeds", "0",
+           "--configs", "grpo,ppo_clip",
            "--root", str(tmp_path / "runs"), "--json", str(tmp_path / "study.json"), "--figures", str(tmp_path / "fig"),
-           "--eval-every", "2", "--no-eval-before-train", "--gen-prompts", "8", "--n", "4", "--mini-batch-prompts", "4", "--micro-batch-size", "8",
-           "--log-samples-every", "0", "--sampler", "hf",  # HF generate: the study's bookkeeping, not the engine, is tested
+           "--eval-every", "2", "--no-eval-before-train", "--gen-prompts", "8", "--n", "4", "--mini-batch-prompts", "4",
+           "--micro-batch-size", "8",
+           # HF generate: the study's bookkeeping, not the engine, is tested
+           "--log-samples-every", "0", "--sampler", "hf",
            "--eval-data", str(few_problems(tmp_path, 8))]  # and 8 held-out problems, not the task's 210
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -36,15 +40,17 @@ def test_a_two_step_study_runs_resumes_and_reports(tmp_path, tiny_model_path):
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)  # finished runs are skipped
     assert again.returncode == 0 and again.stdout.count("done already") == 2
     longer = [("3" if a == "2" and cmd[i - 1] == "--steps" else a) for i, a in enumerate(cmd)] + ["--plot-only"]
-    redrawn = subprocess.run(longer, cwd=ROOT, capture_output=True, text=True, timeout=300)  # a 3-step study: unfinished
+    # a 3-step study: unfinished
+    redrawn = subprocess.run(longer, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert redrawn.returncode == 0, redrawn.stderr[-2000:]
     table = (tmp_path / "fig" / "table1.md").read_text()
-    assert "| grpo |" not in table and "Not finished (left out above): grpo seed 0 (2 steps), ppo_clip seed 0 (2 steps)." in table
+    assert ("| grpo |" not in table
+            and "Not finished (left out above): grpo seed 0 (2 steps), ppo_clip seed 0 (2 steps)." in table)
     assert "fewer than 2 seeds" in (tmp_path / "fig" / "verdicts.md").read_text()
     bad = subprocess.run(cmd[:3] + ["--configs", "grpo,nope"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown config(s) ['nope']" in bad.stderr
-    missing = subprocess.run(cmd + ["--plot-only", "--mechanism", str(tmp_path / "none.json")], cwd=ROOT, capture_output=True,
-                             text=True, timeout=120)
+    missing = subprocess.run(cmd + ["--plot-only", "--mechanism", str(tmp_path / "none.json")], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "--mechanism: no such file" in missing.stderr
 
 
@@ -69,10 +75,12 @@ def test_verdicts_read_the_intervals_as_the_protocol_says():
     rise_fall = lambda t: 0.2 + 0.1 * (t <= 100) * t / 100 - 0.15 * (t > 100) * (t - 100) / 100  # noqa: E731
     study_dict = {
         "grpo": grpo,
-        "ce_gppo_0.5_1": {"0": run(0.61, 0.2, 0.20), "1": run(0.70, 0.2, 0.21), "2": run(0.79, 0.2, 0.22)},  # +0.11, +0.10, +0.09
+        # +0.11, +0.10, +0.09
+        "ce_gppo_0.5_1": {"0": run(0.61, 0.2, 0.20), "1": run(0.70, 0.2, 0.21), "2": run(0.79, 0.2, 0.22)},
         "entropy_0.003": {"0": run(0.5, 0.2, 0.35), "1": run(0.5, 0.2, 0.31)},  # 0.33 / 0.2 = 1.65 > 1.5: explodes
         "grpo_dyn_id": {s: run(r["final_acc"], 0.2, 0.1, rise_fall) for s, r in grpo.items()},
-        "grpo_dyn_did": {s: run(r["final_acc"] - 0.2, 0.2, 0.1) for s, r in grpo.items()},  # flat entropy, accuracy lost
+        # flat entropy, accuracy lost
+        "grpo_dyn_did": {s: run(r["final_acc"] - 0.2, 0.2, 0.1) for s, r in grpo.items()},
         "grpo_dyn_od": {s: run(r["final_acc"], 0.2, 0.1, od=lambda t: int(t // 50) % 2) for s, r in grpo.items()},
     }
     text = study.verdicts(study_dict)
@@ -175,9 +183,11 @@ def test_a_step_logged_twice_is_read_once_keeping_the_last_and_the_json_is_not_r
 
 def test_a_resume_without_a_checkpoint_sets_the_old_rows_aside_so_step_0_is_logged_once(tmp_path):
     out = tmp_path / "run"
-    write_jsonl(out / "metrics.jsonl", [{"step": 0, "eval_acc": 0.5}] + [{"step": s, "reward_mean": 0.0} for s in range(1, 17)])
+    write_jsonl(out / "metrics.jsonl",
+                [{"step": 0, "eval_acc": 0.5}] + [{"step": s, "reward_mean": 0.0} for s in range(1, 17)])
     assert study.prepare_resume(str(out), log=lambda line: None) == (0, 16)
-    assert (out / "metrics.jsonl").read_text() == "" and len((out / "metrics.discarded.jsonl").read_text().splitlines()) == 17
+    assert ((out / "metrics.jsonl").read_text() == ""
+            and len((out / "metrics.discarded.jsonl").read_text().splitlines()) == 17)
     other = tmp_path / "other"  # with a checkpoint, train.py --resume keeps the rows up to it: nothing is moved here
     write_jsonl(other / "metrics.jsonl", [{"step": s, "reward_mean": 0.0} for s in range(1, 38)])
     (other / "checkpoints" / "step_25").mkdir(parents=True)
@@ -190,18 +200,45 @@ def test_every_hardware_segment_is_kept_an_interrupted_one_included(tmp_path):
     out.mkdir()
     (out / "config.json").write_text(json.dumps({"flags": {}}))  # a run folder, as train.py leaves it
     study.open_segment(str(out), 2, 0, None)  # a study killed while this segment ran: never closed
-    assert [(s["from_step"], s["to_step"], s["interrupted"]) for s in study.hardware_segments(str(out), [{"step": 16}])] \
-        == [(0, 16, True)]
+    assert [(s["from_step"], s["to_step"], s["interrupted"])
+            for s in study.hardware_segments(str(out), [{"step": 16}])] == [(0, 16, True)]
     study.open_segment(str(out), 2, 25, 37)   # the resume, from the checkpoint at 25, after 37 steps were logged
     study.close_segment(str(out), 200, 12.34, 0)
     segments = study.hardware_segments(str(out), [{"step": 200}])
-    assert [(s["from_step"], s["to_step"], s.get("interrupted", False)) for s in segments] == [(0, 37, True), (25, 200, False)]
+    assert ([(s["from_step"], s["to_step"], s.get("interrupted", False)) for s in segments]
+            == [(0, 37, True), (25, 200, False)])
     assert segments[1]["exit_code"] == 0 and segments[1]["seconds"] == 12.3 and segments[0]["cpu"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # the note beside the folder is gone
     fresh = tmp_path / "fresh"  # train.py failed before making the folder a run: nothing is written into it
     study.open_segment(str(fresh), 2, 0, None)
     study.close_segment(str(fresh), 0, 1.0, 2)
     assert not fresh.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_segment_is_never_appended_through_a_link_planted_in_the_run(tmp_path, monkeypatch, capsys):
+    """Issue 59: train.py refuses a run folder whose hardware.jsonl is a link (exit 2), and close_segment still
+    appended to the link's target. The append refuses it as train.py does, and the study refuses the folder before any
+    run starts."""
+    from cegppo_utils.data import UserError
+    out = tmp_path / "runs" / "tiny" / "grpo-s0"
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps({"flags": {"max_steps": 4}}))
+    mine = tmp_path / "mine.txt"
+    mine.write_text("a user's file\n")
+    os.symlink(mine, out / "hardware.jsonl")
+    study.open_segment(str(out), 1, 0, None)
+    with pytest.raises(UserError, match="hardware.jsonl is a symbolic link; refusing to follow it"):
+        study.close_segment(str(out), 2, 1.0, 2)
+    assert mine.read_text() == "a user's file\n"
+    monkeypatch.setattr(study, "run_one", lambda *a, **k: pytest.fail("a run started"))
+    monkeypatch.setattr(sys, "argv", ["study.py", "--preset", "tiny", "--configs", "grpo", "--seeds", "0", "--steps",
+                                      "4", "--root", str(tmp_path / "runs"), "--json", str(tmp_path / "study.json")])
+    with pytest.raises(SystemExit) as stop:
+        study.main()
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and err.startswith(
+        f"study.py: error: grpo seed 0: refused ({out}): --output-dir {out}: {out}/hardware.jsonl is a symbolic link")
+    assert mine.read_text() == "a user's file\n"
 
 
 def test_a_run_whose_log_is_shorter_than_its_checkpoints_is_refused_and_the_record_kept(tmp_path):
@@ -216,7 +253,8 @@ def test_a_run_whose_log_is_shorter_than_its_checkpoints_is_refused_and_the_reco
     lines = []
     data = study.collect(str(path), str(root), ["grpo"], [0, 1], log=lines.append)
     assert data["grpo"] == {"0": good} and json.loads(path.read_text())["grpo"] == {"0": good}
-    assert lines == [f"[study] grpo seed 0: not recorded ({short}): metrics.jsonl ends at step 10, but the run reached step 25",
+    assert lines == [f"[study] grpo seed 0: not recorded ({short}): metrics.jsonl ends at step 10, but the run reached "
+                     "step 25",
                      f"[study] grpo seed 1: not recorded ({missing}): metrics.jsonl is missing or empty, but the run "
                      "reached step 50"]
     assert study.refusal(str(short), resuming=True)  # 10 < 25 - 1: not the row runfolder.restore_row puts back
@@ -306,7 +344,8 @@ def test_detectability_pools_the_paired_sd_and_carries_the_papers_gains(tmp_path
     assert numbers["main_sd"] == pytest.approx(pooled)
     assert f"| all 2 of the protocol's | {pooled:.2f} | 6 |" in text
     assert f"| 5 | {stats.min_detectable((var(d5) / 4) ** 0.5, 5):.1f} |" in text
-    assert "| grpo | +5.74 | cut of the average error | 11.3% | 5.2 | +0.59 |" in text  # 11.3% of grpo's 5.2-point error
+    # 11.3% of grpo's 5.2-point error
+    assert "| grpo | +5.74 | cut of the average error | 11.3% | 5.2 | +0.59 |" in text
     assert "| dapo | 0.100 | 0.100 | 0.400 | 0.100 / 0.100 |" in text  # per-step shares, in %
     assert "A null result here was expected" in " ".join(text.split())
     assert all(len(line) <= 120 for line in text.splitlines() if not line.startswith("|"))
@@ -348,3 +387,15 @@ def test_parallel_runs_get_disjoint_cores(monkeypatch):
     assert study.core_groups(5) == [[0], [1], [2], [3], [5]]
     with pytest.raises(SystemExit, match="--parallel 6 needs as many cores"):
         study.core_groups(6)
+
+
+def test_the_figures_are_never_written_through_a_link(tmp_path):
+    """Issue 59: savefig follows a link planted at a figure's name; each figure replaces the link, its target kept."""
+    steps = [{"step": t, "reward_mean": 0.0, "entropy": 0.2, "eval_acc": 0.5} for t in range(1, 5)]
+    runs = {"grpo": {"0": {"steps_done": 4, "steps": steps}, "1": {"steps_done": 4, "steps": steps}}}
+    mine = tmp_path / "mine.txt"
+    mine.write_text("a user's file\n")
+    os.symlink(mine, tmp_path / "payoff.png")
+    written = study.draw_figures(runs, str(tmp_path))
+    assert str(tmp_path / "payoff.png") in written and mine.read_text() == "a user's file\n"
+    assert (tmp_path / "payoff.png").read_bytes()[:4] == b"\x89PNG"

@@ -89,7 +89,7 @@ def test_the_verdicts_read_each_claim_as_the_protocol_says():
     assert A.read(by_label["4: (0.5, 1) stays highest: (0.5, 1) - ce_gppo_0_1"]) == "reversed"
     text = A.verdicts_report(study)
     assert "| 1: larger beta1 lowers entropy: (1, 1) - (0, 1) | 5 | -0.0400 [" in text and "(survives) |" in text
-    assert "| grpo_dyn_id keeps entropy higher: D(1-200) | 0 | n/a | | | fewer than 2 seeds |" in text
+    assert "| grpo_dyn_id keeps entropy higher: D(1-200) | 0 | n/a | | | | fewer than 2 seeds |" in text
 
     # ID: above GRPO over the first half, below over the second; OD: switches at step 60 and recovers after
     bump = lambda t: 0.2 + (0.02 if t <= 100 else -0.02)  # noqa: E731
@@ -139,7 +139,8 @@ def test_the_arms_table_counts_idle_steps_and_collapsed_runs():
 
 
 def test_the_report_is_written_whole_and_never_through_a_link(tmp_path):
-    """report() writes its tables from the JSON alone; a link planted at a table's name is replaced, its target kept."""
+    """report() writes its tables from the JSON alone; a link planted at a table's or the figure's name is replaced,
+    its target kept (savefig would follow it: issue 59)."""
     import json
     import os
     study = {"grpo": {s: run(steps=200, evals=GOOD) for s in "012"}, "_warm_start": {"sha256": "be4a413e32125925"}}
@@ -149,9 +150,11 @@ def test_the_report_is_written_whole_and_never_through_a_link(tmp_path):
     outside = tmp_path / "mine.md"
     outside.write_text("a user's file\n")
     os.symlink(outside, figures / "verdicts.md")
+    os.symlink(outside, figures / "entropy.png")
     A.report(str(path), str(figures))
     assert outside.read_text() == "a user's file\n"
     assert not (figures / "verdicts.md").is_symlink() and "**The betas" in (figures / "verdicts.md").read_text()
+    assert not (figures / "entropy.png").is_symlink() and (figures / "entropy.png").read_bytes()[:4] == b"\x89PNG"
     assert {"regime.md", "sizing.md", "arms.md", "readings.json", "entropy.png"} <= set(os.listdir(figures))
     assert json.loads((figures / "readings.json").read_text())["chosen"] is None  # no grid run: no regime chosen
 
@@ -186,3 +189,32 @@ def test_runs_pair_within_a_block_and_the_blocks_pool(tmp_path):
     assert "block B: warm start `0123456789abcdef`, 4 finished runs" in A.blocks_note(study)
     note = A.blocks_note(study)  # GRPO's runs of each block against stage 1's rule, described
     assert "seed B1 (2.00% outside, avg@8 50.0 -> n/a, worst n/a: fails learns and stable)" in note
+
+
+def test_holm_adjusted_p_values_step_down_and_stay_monotone():
+    # R: p.adjust(c(0.01, 0.04, 0.03, 0.005), "holm") = 0.03 0.06 0.06 0.02
+    assert stats.holm_adjusted([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm_adjusted([0.5, 0.9]) == [1.0, 1.0] and stats.holm_adjusted([]) == []
+    pvalues = [0.001, 0.2, 0.011, 0.04, 0.0123]
+    adjusted = stats.holm_adjusted(pvalues)
+    assert [a <= 0.05 for a in adjusted] == stats.holm(pvalues)  # the adjusted p and the step-down reject alike
+    assert all(a >= p for a, p in zip(adjusted, pvalues))
+
+
+def test_the_verdicts_give_the_raw_p_and_the_holm_adjusted_p_apart(monkeypatch):
+    """Issue 59: the column headed "p (Holm)" held the raw p; a family of three with raw p 0.001, 0.02 and 0.3 has
+    Holm-adjusted p 0.003, 0.04 and 0.3, each in its own column."""
+    def contrast(label, p):
+        return {"label": label, "n": 5, "mean": 0.1, "ci": [0.05, 0.15], "p": p, "want": "above", "mde": 0.05,
+                "blocks": {"A": [5, 0.1]}}
+
+    family = A.with_holm([contrast("a", 0.001), contrast("b", 0.02), contrast("c", 0.3)])
+    assert [c["p_holm"] for c in family] == pytest.approx([0.003, 0.04, 0.3])
+    monkeypatch.setattr(A, "claims", lambda study: {"betas": family, "dynamic": [], "accuracy": [],
+                                                    "keeps_accuracy": [], "od_never_switched": {}})
+    text = A.verdicts_report({})
+    assert "| claim | seeds | estimate [95% CI] | p | p, Holm-adjusted | MDE |" in text
+    assert "| a | 5 | +0.1000 [+0.0500, +0.1500] | 0.001 | 0.003 (survives) | 0.0500 | holds |" in text
+    assert "| b | 5 | +0.1000 [+0.0500, +0.1500] | 0.020 | 0.040 (survives) | 0.0500 | holds |" in text
+    assert "| c | 5 | +0.1000 [+0.0500, +0.1500] | 0.300 | 0.300 (does not survive) | 0.0500 | holds uncorrected only" \
+        in text

@@ -49,7 +49,8 @@ def test_sums_responses_are_long_in_the_task_tokenizer():
     tokenizer = tiny.build_tokenizer([r["problem"] + "\n" + r["solution"] for r in rows], 400)
     lengths = [len(tokenizer(r["solution"] + tiny.IM_END, add_special_tokens=False)["input_ids"]) for r in rows]
     assert 80 <= sum(lengths) / len(lengths) <= 200 and max(lengths) < tiny.TASKS["sums"].max_response_len
-    prompts = [len(tokenizer(tiny.chat_prompt(tokenizer, r["problem"]), add_special_tokens=False)["input_ids"]) for r in rows]
+    prompts = [len(tokenizer(tiny.chat_prompt(tokenizer, r["problem"]), add_special_tokens=False)["input_ids"])
+               for r in rows]
     assert max(prompts) <= 96  # the sums preset's --max-prompt-len
 
 
@@ -91,7 +92,8 @@ def test_merge_responses_fit_the_task_budget():
     tokenizer = tiny.build_tokenizer([r["problem"] + "\n" + r["solution"] for r in rows], 400)
     lengths = [len(tokenizer(r["solution"] + tiny.IM_END, add_special_tokens=False)["input_ids"]) for r in rows]
     assert 60 <= sum(lengths) / len(lengths) <= 100 and max(lengths) < tiny.TASKS["merge"].max_response_len
-    prompts = [len(tokenizer(tiny.chat_prompt(tokenizer, r["problem"]), add_special_tokens=False)["input_ids"]) for r in rows]
+    prompts = [len(tokenizer(tiny.chat_prompt(tokenizer, r["problem"]), add_special_tokens=False)["input_ids"])
+               for r in rows]
     assert max(prompts) <= 64
 
 

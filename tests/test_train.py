@@ -155,7 +155,8 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, monkeypa
         return (loss * float("nan") if kwargs["extras"].progress > 0 else loss), metrics
 
     monkeypatch.setattr(train.L, "policy_loss", poisoned)
-    args = parse_train_args(SMALL + ["--output-dir", str(tmp_path), "--max-steps", "3", "--save-every", "1", "--sampler", "hf"])
+    args = parse_train_args(SMALL + ["--output-dir", str(tmp_path), "--max-steps", "3", "--save-every", "1",
+                                     "--sampler", "hf"])
     with pytest.raises(FloatingPointError, match="step 2: the loss is nan"):
         train.main(args)
     assert os.listdir(tmp_path / "checkpoints") == ["step_000001"]
@@ -179,7 +180,8 @@ def test_help_lists_every_flag_with_its_doc(capsys):
 def test_presets_and_overrides():
     args = parse_train_args(["--preset", "r1-distill-7b", "--beta2", "0.9"])
     assert (args.model, args.loss.beta1, args.loss.beta2) == ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 0.75, 0.9)
-    assert (args.loss.positive_lm_coef, args.loss.clip_ratio_c, args.lr, args.gen_prompts, args.train_prompts) == (0.1, 10.0, 1e-6, 256, 128)
+    assert (args.loss.positive_lm_coef, args.loss.clip_ratio_c, args.lr,
+            args.gen_prompts, args.train_prompts) == (0.1, 10.0, 1e-6, 256, 128)
     assert parse_train_args(["--preset", "r1-distill-1.5b"]).loss.beta1 == 0.5
 
 
@@ -254,7 +256,8 @@ def test_loader_names_the_bad_row(tmp_path, suffix):
     with pytest.raises(SystemExit, match=rf"{path.name}: {where} has no answer"):
         data.load_rows(str(path))
     write_rows(path, [{"problem": " ", "answer": "1"}])
-    with pytest.raises(SystemExit, match=rf"{path.name}: {'line 1' if suffix == '.jsonl' else 'row 0'} has no question"):
+    with pytest.raises(SystemExit, match=rf"{path.name}: "
+                                         rf"{'line 1' if suffix == '.jsonl' else 'row 0'} has no question"):
         data.load_rows(str(path))
 
 
@@ -317,7 +320,8 @@ def test_update_skips_zero_advantage_sequences_and_keeps_the_step(tiny_model_pat
                              "--mini-batch-prompts", "3", "--micro-batch-size", "2", "--grad-clip", "1e9"])
     rng = random.Random(0)
     advantages = [[0.0, 0.0, 0.0, 0.0], [0.9, -0.3, 0.0, -0.6], [1.2, -1.2, 0.5, -0.5]]
-    seqs = [{"prompt_ids": [rng.randrange(5, 270) for _ in range(4)], "response_ids": [rng.randrange(5, 270) for _ in range(rng.randint(2, 9))],
+    seqs = [{"prompt_ids": [rng.randrange(5, 270) for _ in range(4)],
+             "response_ids": [rng.randrange(5, 270) for _ in range(rng.randint(2, 9))],
              "advantage": a, "correct": a > 0} for group in advantages for a in group]
     calls = []
     real = train.response_logprobs
@@ -342,7 +346,8 @@ def test_update_skips_zero_advantage_sequences_and_keeps_the_step(tiny_model_pat
     reference, sgd = fresh()
     mb = train.collate(seqs, 0, torch.device("cpu"))
     logp, _, _ = real(train.make_policy(args, reference, sgd, 0, torch.device("cpu")), mb, grad=True)
-    loss, _ = train.L.policy_loss(logp, logp.detach(), mb.advantages, mb.response_mask, train.L.loss_config("ce_gppo", clip_ratio_c=10.0))
+    loss, _ = train.L.policy_loss(logp, logp.detach(), mb.advantages, mb.response_mask,
+                                  train.L.loss_config("ce_gppo", clip_ratio_c=10.0))
     loss.backward()
     sgd.step()
     start = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).state_dict()
@@ -370,7 +375,8 @@ PICK_WITHIN_A_CALL = ("clip_cov", "kl_cov", "m2po")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", sorted(train.L.ALGORITHMS) + ["ce_gppo+entropy", "ce_gppo+lm", "grpo+kl", "dapo+top_entropy"])
+@pytest.mark.parametrize("variant", sorted(train.L.ALGORITHMS)
+                         + ["ce_gppo+entropy", "ce_gppo+lm", "grpo+kl", "dapo+top_entropy"])
 def test_every_loss_through_update_policy_matches_a_one_piece_computation(variant, tiny_model_path):
     """Two mini-batches, each with a group whose rewards are all equal (A = 0), split into micro-batches of 2
     (update_policy) give, with SGD, the parameters of one policy_loss call per mini-batch on the whole of it, old
@@ -382,7 +388,8 @@ def test_every_loss_through_update_policy_matches_a_one_piece_computation(varian
     0.005 the KL term still counts: a kl coefficient 10% off on one side moves a parameter by 6e-4."""
     from transformers import AutoModelForCausalLM
     algo, _, extra = variant.partition("+")
-    flags = {"entropy": ["--entropy-coef", "0.01"], "lm": ["--positive-lm-coef", "0.1"], "kl": ["--kl-coef", "0.5", "--kl-estimator", "k3"],
+    flags = {"entropy": ["--entropy-coef", "0.01"], "lm": ["--positive-lm-coef", "0.1"],
+             "kl": ["--kl-coef", "0.5", "--kl-estimator", "k3"],
              "top_entropy": ["--top-entropy-quantile", "0.5"]}.get(extra, [])
     args = parse_train_args(["--algo", algo, "--n", "3", "--gen-prompts", "4", "--train-prompts", "4",
                              "--mini-batch-prompts", "2", "--micro-batch-size", "2", "--grad-clip", "1e9", *flags])
@@ -443,15 +450,17 @@ def test_packed_micro_batches_update_like_padded_ones(variant, tiny_model_path):
     import random
 
     from transformers import AutoModelForCausalLM
-    common = ["--algo", variant.split("+")[0], "--n", "4", "--gen-prompts", "4", "--train-prompts", "4", "--mini-batch-prompts",
-              "2", "--micro-batch-size", "2", "--grad-clip", "1e9", "--max-prompt-len", "6", "--max-response-len", "12",
+    common = ["--algo", variant.split("+")[0], "--n", "4", "--gen-prompts", "4",
+              "--train-prompts", "4", "--mini-batch-prompts",
+              "2", "--grad-clip", "1e9", "--max-prompt-len", "6", "--max-response-len", "12",
               *PACKED_VARIANTS[variant]]
     seqs, rng = fixed_groups(seed=1), random.Random(1)
     for s in seqs:  # the sampler's log-probs, for the rollout correction
         s["sampler_logprobs"] = [-rng.random() * 3 for _ in s["response_ids"]]
     results = {}
     for budget in (0, 40):
-        args = parse_train_args(common + ["--micro-batch-tokens", str(budget)])
+        size = ["--micro-batch-size", "2"] if budget == 0 else []  # read only by padded micro-batches
+        args = parse_train_args(common + ["--micro-batch-tokens", str(budget), *size])
         model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
         policy = train.make_policy(args, model, torch.optim.SGD(model.parameters(), lr=0.5), 0, torch.device("cpu"))
         minis = train.make_mini_batches(policy, [seqs[:8], seqs[8:]], args.loss)
@@ -499,7 +508,8 @@ def test_eval_acc_is_what_evaluate_py_reports(tmp_path, tiny_model_path):
 def test_rollout_correction_in_a_run_logs_the_mismatch(tmp_path, tiny_model_path):
     """--rollout-correction on a real run: the weights apply, and the metrics from the raw ratios are logged; the
     fp32 sampler and trainer agree, so the ratio is ~1 even under top-p (taken over the sampler's support)."""
-    run_train(tmp_path, "--max-steps", "1", "--top-p", "0.9", "--temperature", "1.2", "--rollout-correction", "token-tis",
+    run_train(tmp_path, "--max-steps", "1", "--top-p", "0.9", "--temperature", "1.2",
+              "--rollout-correction", "token-tis",
               "--min-response-len", "8")
     row = read_metrics(tmp_path)[0]
     for key in ("rollout_kl_k3", "rollout_ratio_min", "rollout_ratio_mean", "rollout_ratio_max",
@@ -516,11 +526,13 @@ def test_config_file_under_the_command_line(tmp_path, capsys):
     mistakes are one line with the closest valid name."""
     (tmp_path / "c.json").write_text('{"max_steps": 7, "algo": "grpo", "gen-prompts": 8, "beta1": 0.25}')
     args = parse_train_args(["--config", str(tmp_path / "c.json"), "--max-steps", "9"])
-    assert (args.max_steps, args.loss.algo, args.gen_prompts, args.train_prompts, args.loss.beta1) == (9, "grpo", 8, 8, 0.25)
+    assert (args.max_steps, args.loss.algo, args.gen_prompts,
+            args.train_prompts, args.loss.beta1) == (9, "grpo", 8, 8, 0.25)
     (tmp_path / "c.yaml").write_text("preset: sums\nlr: 0.001\n")
     args = parse_train_args(["--config", str(tmp_path / "c.yaml")])
     assert (args.preset, args.lr, args.train_data) == ("sums", 0.001, "sums")
-    saved = {"preset": "tiny", "flags": dict(train.flags.flat_flags(parse_train_args(["--lr", "0.002", "--n", "4", "--micro-batch-size", "16"])))}
+    saved = {"preset": "tiny", "flags": dict(train.flags.flat_flags(parse_train_args(["--lr", "0.002", "--n", "4",
+                                                                                      "--micro-batch-size", "16"])))}
     (tmp_path / "config.json").write_text(json.dumps(saved))
     again = parse_train_args(["--config", str(tmp_path / "config.json")])
     assert (again.lr, again.n) == (0.002, 4) and train.flags.flat_flags(again) == saved["flags"]
@@ -550,7 +562,8 @@ def test_mistakes_get_the_closest_name_and_the_first_real_problem(argv, message,
 def test_underscore_spellings_and_derived_train_prompts():
     args = parse_train_args(["--max_steps", "3", "--mini_batch_prompts=2", "--preset", "sums", "--gen-prompts", "6"])
     assert (args.max_steps, args.mini_batch_prompts, args.train_prompts) == (3, 2, 6)
-    assert parse_train_args(["--preset", "sums", "--gen-prompts", "7", "--mini-batch-prompts", "2"]).train_prompts == 6  # whole mini-batches of 2
+    assert parse_train_args(["--preset", "sums", "--gen-prompts", "7",
+                             "--mini-batch-prompts", "2"]).train_prompts == 6  # whole mini-batches of 2
     assert parse_train_args(["--gen-prompts", "64"]).train_prompts == 32  # the preset's own count is the most
 
 
@@ -558,21 +571,28 @@ def test_underscore_spellings_and_derived_train_prompts():
 def test_evaluation_from_step_0_and_checkpoints_evaluable_as_they_are(tmp_path, tiny_model_path):
     """--eval-before-train logs the starting weights' avg@k as step 0; every evaluation's generations land in eval/;
     a checkpoint folder is a --model for evaluate.py (exported once into its hf/ folder) and for runfolder.py export."""
-    out = run_train(tmp_path / "run", "--max-steps", "2", "--save-every", "2", "--eval-every", "2", "--eval-before-train",
-                    "--eval-data", str(few_problems(tmp_path)), "--sampler", "hf")  # bookkeeping; vLLM: test_distributed
+    out = run_train(tmp_path / "run", "--max-steps", "2", "--save-every", "2", "--eval-every", "2",
+                    "--eval-before-train", "--eval-data", str(few_problems(tmp_path)),
+                    "--sampler", "hf")  # bookkeeping; vLLM: test_distributed
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [0, 1, 2] and set(rows[0]) == {"step", "eval_acc", "eval_seed", "time_eval_s"}
     assert "eval_acc" in rows[2] and "held-out avg@k: step 0" in out.stdout
     for step in (0, 2):  # each evaluation's score on the screen as it ends
         assert f"step {step}: held-out avg@" in out.stdout
-        assert f"% ({rows[step]['time_eval_s']:.0f} s)" in out.stdout.split(f"step {step}: held-out avg@")[1].split("\n")[0]
-        assert f" {100 * rows[step]['eval_acc']:.1f}% (" in out.stdout.split(f"step {step}: held-out avg@")[1].split("\n")[0]
-        records = [json.loads(line) for line in (tmp_path / "run" / "eval" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+        assert (f"% ({rows[step]['time_eval_s']:.0f} s)"
+                in out.stdout.split(f"step {step}: held-out avg@")[1].split("\n")[0])
+        assert (f" {100 * rows[step]['eval_acc']:.1f}% ("
+                in out.stdout.split(f"step {step}: held-out avg@")[1].split("\n")[0])
+        records = [json.loads(line)
+                   for line in (tmp_path / "run" / "eval" / f"step_{step:06d}.jsonl").read_text().splitlines()]
         assert len(records) > 0 and all(len(r["responses"]) == len(r["correct"]) for r in records)
-        assert sum(sum(r["correct"]) / len(r["correct"]) for r in records) / len(records) == pytest.approx(rows[step]["eval_acc"])
+        assert sum(sum(r["correct"]) / len(r["correct"])
+                   for r in records) / len(records) == pytest.approx(rows[step]["eval_acc"])
     checkpoint = tmp_path / "run" / "checkpoints" / "step_000002"
-    done = subprocess.run([sys.executable, "evaluate.py", "--model", str(checkpoint), "--benchmarks", "arith", "--k", "1",
-                           "--limit", "4", "--max-tokens", "24", "--sampler", "hf", "--output", str(tmp_path / "r.json")],
+    done = subprocess.run([sys.executable, "evaluate.py", "--model", str(checkpoint), "--benchmarks", "arith",
+                           "--k", "1",
+                           "--limit", "4", "--max-tokens", "24", "--sampler", "hf",
+                           "--output", str(tmp_path / "r.json")],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     from safetensors.torch import load_file
@@ -580,7 +600,8 @@ def test_evaluation_from_step_0_and_checkpoints_evaluable_as_they_are(tmp_path, 
     for k in final:
         torch.testing.assert_close(exported[k], final[k])
     again = subprocess.run([sys.executable, "evaluate.py", "--model", "tiny", "--benchmarks", "arith", "--k", "1",
-                            "--output", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                            "--output", str(tmp_path / "r.json")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "exists; pass --overwrite" in again.stderr
 
 
@@ -603,7 +624,8 @@ def test_a_stale_sampler_stops_the_run_with_one_line(sampler, tmp_path, tiny_mod
         vllm_or_skip()
     code = (f"import copy, sys\nimport rollout\n{STALE[sampler]}\nimport train\n"
             f"train.run(sys.argv[1:])")
-    out = subprocess.run([sys.executable, "-c", code, *SMALL, "--sampler", sampler, "--max-steps", "3", "--save-every", "1",
+    out = subprocess.run([sys.executable, "-c", code, *SMALL, "--sampler", sampler, "--max-steps", "3",
+                          "--save-every", "1",
                           "--log-samples-every", "0", "--output-dir", str(tmp_path)], cwd=ROOT, capture_output=True,
                          text=True, timeout=600)
     last = out.stderr.strip().splitlines()[-1]
@@ -619,9 +641,9 @@ def test_a_stale_sampler_stops_the_run_with_one_line(sampler, tmp_path, tiny_mod
 
 @pytest.mark.slow
 def test_the_quick_command_tells_the_objectives_apart(tiny_model_path):
-    """README's quick run (`--gen-prompts 8 --max-steps 25`) keeps the preset's optimizer steps per rollout batch: mini-batches of 1
-    prompt, so after the first the update is off-policy and GRPO, GSPO, SAPO and CE-GPPO move the weights differently
-    (with one on-policy mini-batch they share a gradient, and their runs were bit-identical)."""
+    """README's quick run (`--gen-prompts 8 --max-steps 25`) keeps the preset's optimizer steps per rollout batch:
+    mini-batches of 1 prompt, so after the first the update is off-policy and GRPO, GSPO, SAPO and CE-GPPO move the
+    weights differently (with one on-policy mini-batch they share a gradient, and their runs were bit-identical)."""
     import random
 
     from transformers import AutoModelForCausalLM
@@ -629,7 +651,8 @@ def test_the_quick_command_tells_the_objectives_apart(tiny_model_path):
     assert (quick.gen_prompts, quick.train_prompts, quick.mini_batch_prompts, quick.micro_batch_size) == (8, 8, 1, 8)
     assert parse_train_args(["--preset", "sums", "--gen-prompts", "8"]).mini_batch_prompts == 1  # 2 x 8 / 32 -> 1
     rng = random.Random(0)
-    groups = [[{"prompt_ids": [rng.randrange(5, 270) for _ in range(6)], "response_ids": [rng.randrange(5, 270) for _ in range(12)],
+    groups = [[{"prompt_ids": [rng.randrange(5, 270) for _ in range(6)],
+                "response_ids": [rng.randrange(5, 270) for _ in range(12)],
                 "advantage": rng.gauss(0, 1), "correct": rng.random() < 0.5} for _ in range(quick.n)] for _ in range(3)]
     moved = {}
     for algo in ("grpo", "gspo", "sapo", "ce_gppo"):
@@ -648,8 +671,8 @@ def test_the_quick_command_tells_the_objectives_apart(tiny_model_path):
 
 
 def test_od_initial_entropy_is_fixed_or_measured():
-    """--dynamic-clip od's H_init: 0.5 nats by default (the public defaults), so its floor 0.1 is reached at entropy 0.1;
-    with --od-initial-entropy 0 the first step's entropy, the floor 0.2 x that."""
+    """--dynamic-clip od's H_init: 0.5 nats by default (the public defaults), so its floor 0.1 is reached at entropy
+    0.1; with --od-initial-entropy 0 the first step's entropy, the floor 0.2 x that."""
     fixed = train.LoopState()
     cfg = parse_train_args(["--algo", "grpo", "--dynamic-clip", "od"]).loss
     assert [train.advance_od_state(fixed, cfg, h, 0.5) for h in (0.18, 0.11, 0.09, 0.2, 0.31)] == [0, 0, 1, 1, 0]
@@ -702,11 +725,13 @@ def test_ppo_epochs_repeat_the_passes_against_the_sampling_policy(tiny_model_pat
 
     from transformers import AutoModelForCausalLM
     rng = random.Random(0)
-    groups = [[{"prompt_ids": [rng.randrange(5, 270) for _ in range(6)], "response_ids": [rng.randrange(5, 270) for _ in range(12)],
+    groups = [[{"prompt_ids": [rng.randrange(5, 270) for _ in range(6)],
+                "response_ids": [rng.randrange(5, 270) for _ in range(12)],
                 "advantage": rng.gauss(0, 1), "correct": rng.random() < 0.5} for _ in range(4)] for _ in range(2)]
 
     def policy_and_minis(epochs):
-        args = parse_train_args(["--n", "4", "--gen-prompts", "2", "--mini-batch-prompts", "1", "--micro-batch-size", "4", "--lr", "1e-3",
+        args = parse_train_args(["--n", "4", "--gen-prompts", "2", "--mini-batch-prompts", "1",
+                                 "--micro-batch-size", "4", "--lr", "1e-3",
                                  "--ppo-epochs", str(epochs)])
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
@@ -747,10 +772,63 @@ def test_a_run_killed_during_an_evaluation_evaluates_that_step_on_resume(tmp_pat
            "--log-samples-every", "0"]
     run_train(tmp_path / "straight", *two)
     env = {**os.environ, "TRAIN_CRASH_AT": "evaluation:2"}
-    killed = subprocess.run([sys.executable, "train.py", *SMALL, *two, "--output-dir", str(tmp_path / "killed")], cwd=ROOT,
+    killed = subprocess.run([sys.executable, "train.py", *SMALL, *two, "--output-dir", str(tmp_path / "killed")],
+                            cwd=ROOT,
                             capture_output=True, text=True, timeout=600, env=env)
     assert killed.returncode == -9 and [r["step"] for r in read_metrics(tmp_path / "killed")] == [1]
     run_train(tmp_path / "killed", *two, "--resume")
     want, got = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "killed")
     assert [r["step"] for r in got] == [1, 2] and "eval_lost" not in got[1]
     assert got[1]["eval_acc"] == want[1]["eval_acc"] and got[1]["reward_mean"] == want[1]["reward_mean"]
+
+
+# --- issue 57: what the bar and the printed sample show; the evaluation seed evaluate.py reuses ----------------------
+
+def test_the_bar_shows_shares_in_percent_with_the_digits_that_matter():
+    """A share was a 4-decimal fraction (mostly clip_b1=0.0000): now percent, two significant digits, 0% only when
+    none; a metric that is not a share keeps three significant digits."""
+    shown = [train.bar_value("clip_frac_low_neg", v) for v in (0.0, 1.2e-5, 0.0037, 0.0116, 0.123, 0.00999, 1.0)]
+    assert shown == ["0%", "0.0012%", "0.37%", "1.2%", "12%", "1.0%", "100%"]
+    assert train.bar_value("m2po_masked_frac", 0.25) == "25%" and train.bar_value("m2po_second_moment", 0.0412345) == \
+        "0.0412"
+
+
+def test_samples_come_from_groups_that_trained_first():
+    """Most printed samples came from dropped groups (A = 0 throughout); the groups that trained come first, and the
+    printed line is one of theirs."""
+    from rollout import Completion
+    groups = {i: train.Group({"prompt": [{"role": "user", "content": f"Compute {i}."}], "answer": str(i)}, [1],
+                             [Completion([5, 6], f"answer {i}.{j}", True, None) for j in range(2)]) for i in range(4)}
+    rewards = torch.tensor([[1.0, 1.0], [1.0, -1.0], [-1.0, -1.0], [-1.0, 1.0]])
+    advantages = torch.tensor([[1.0, -1.0], [-1.0, 1.0]])
+    step = train.Step(0, {}, [g.row for g in groups.values()], groups, rewards, advantages, [1, 3])
+    records = train.sample_records(step)
+    assert [r["prompt"] for r in records] == ["Compute 1."] * 2 + ["Compute 3."] * 2
+    assert all(r["kept"] for r in records) and [r["advantage"] for r in records] == [1.0, -1.0, -1.0, 1.0]
+
+
+def test_an_evaluations_seed_is_the_one_evaluate_py_reuses(monkeypatch):
+    """train.py evaluates step N with heldout.eval_seed(seed, N) (logged as eval_seed); evaluate.py --seed-of RUN N
+    computes the same where the row is gone."""
+    from cegppo_utils import heldout
+    seen = []
+
+    def sample_and_score(sampler, tokenizer, problems, **kw):
+        seen.append(kw["seed"])
+        return [[]], [[True, False]]
+
+    class Sampler:
+        def wake_up(self): pass
+        def load_weights(self, named): list(named)
+        def sleep(self): pass
+
+    monkeypatch.setattr(train.heldout, "sample_and_score", sample_and_score)
+    args = parse_train_args(["--seed", "7"])
+    model = torch.nn.Linear(1, 1)
+    run = train.Run(train.Policy(model, None, None, torch.device("cpu"), 0, 1.0, 1.0, 0, False, False, 1, 1.0), None,
+                    Sampler(), None, [{"id": 0, "answer": "1", "prompt": "p"}], None, [], train.tqdm(disable=True),
+                    torch.device("cpu"), "", print, 0, {"k": 2, "max_tokens": 4, "temperature": 0.6, "top_p": 0.95})
+    monkeypatch.setattr(train.RF, "write_jsonl", lambda *a: None)
+    for step in (0, 1, 25):
+        row = train.evaluation_row(run, args, step)
+        assert row["eval_seed"] == seen[-1] == heldout.eval_seed(7, step) and row["eval_acc"] == 0.5

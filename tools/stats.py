@@ -94,7 +94,8 @@ def paired_power(delta, sd, n, alpha=0.05):
     h, total = top / steps, 0.0
     for i in range(steps + 1):
         s = i * h
-        density = math.exp(log_k + (dof - 1) * math.log(s) - dof * s * s / 2) if s > 0 else (math.exp(log_k) if dof == 1 else 0.0)
+        density = (math.exp(log_k + (dof - 1) * math.log(s) - dof * s * s / 2) if s > 0
+                   else (math.exp(log_k) if dof == 1 else 0.0))
         reject = _phi(-c * s - ncp) + 1 - _phi(c * s - ncp)
         total += (1 if i in (0, steps) else 4 if i % 2 else 2) * density * reject
     return min(1.0, total * h / 3)
@@ -200,3 +201,14 @@ def rank_correlation_p(xs, ys, permutations=20000, seed=0):
         rng.shuffle(shuffled)
         beyond += abs(pearson(rx, shuffled)) >= abs(rho) - 1e-12
     return rho, (beyond + 1) / (permutations + 1)
+
+
+def holm_adjusted(pvalues):
+    """Holm's step-down adjusted p-values, in the given order: the k-th smallest p times (m - k + 1), capped at 1 and
+    made monotone (never below an adjusted p of a smaller one). A hypothesis is rejected at family-wise level alpha
+    exactly where its adjusted p is at most alpha (holm)."""
+    m, adjusted, running = len(pvalues), [0.0] * len(pvalues), 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda i: pvalues[i])):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted

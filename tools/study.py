@@ -32,35 +32,20 @@ import json
 import math
 import os
 import queue
+import stat
 import subprocess
 import sys
-import textwrap
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-
 from cegppo_utils import runfolder
+from cegppo_utils.data import UserError
+from tools import cli, study_active
 from tools.configs import CONFIGS, STUDY_DEFAULT
 from tools.stats import holm, logit_mean_ci, mean_ci, min_detectable, paired_power, t_test_p
+from tools.study_json import ROOT, SUPERSEDED, WARM_START, configurations, dedupe_steps, load_study, para, study_problem  # noqa: F401
 
 # The flags study.py sets for every run (from --seeds, --steps, --root and the save cadence): never passed through.
 OWNED = {"--seed": "--seeds", "--max-steps": "--steps", "--output-dir": "--root", "--save-every": None}
-
-
-def para(text: str) -> str:
-    """A markdown paragraph wrapped at 120 characters, as the docs are."""
-    return textwrap.fill(text, 120, break_long_words=False, break_on_hyphens=False)
-
-
-def dedupe_steps(rows: list[dict]) -> list[dict]:
-    """Metrics rows with one row per step, the last one logged for it (a resume can log a step twice), in step
-    order; rows without a step are dropped."""
-    last = {}
-    for r in rows:
-        if isinstance(r.get("step"), int):
-            last[r["step"]] = r
-    return [last[s] for s in sorted(last)]
 
 
 def refusal(out: str, rows: list[dict] | None = None, resuming: bool = False) -> str | None:
@@ -91,6 +76,16 @@ def refusal(out: str, rows: list[dict] | None = None, resuming: bool = False) ->
     return None
 
 
+def folder_refusal(out: str) -> str | None:
+    """What train.py refuses in a run folder it would resume (a symbolic link, a FIFO where the run keeps a file), found
+    before any run starts: the study writes into it too (its hardware.jsonl), by the same rule (None if nothing)."""
+    try:
+        runfolder.check_output_folder(out, resume=_is_run(out))
+    except UserError as e:
+        return str(e)
+    return None
+
+
 def prepare_resume(out: str, log=print) -> tuple[int, int | None]:
     """Before (re)starting a run: (the step it trains from, its last logged step or None). A resume with no checkpoint
     starts again from step 0: its earlier rows go to metrics.discarded.jsonl here, so that train.py's step-0
@@ -118,8 +113,22 @@ def _is_run(out: str) -> bool:
 
 
 def _append_segment(out: str, segment: dict) -> None:
-    with open(os.path.join(out, "hardware.jsonl"), "a") as f:
-        f.write(json.dumps(segment) + "\n")
+    """A segment appended to the run's hardware.jsonl by train.py's rule: never through a link planted there (a
+    UserError says so, as train.py refuses the folder), never to a FIFO."""
+    runfolder.append_line(os.path.join(out, "hardware.jsonl"), json.dumps(segment))
+
+
+def _read_segment(path: str) -> dict | None:
+    """The noted segment at path; None where there is none, or no regular file holding a JSON object (a FIFO would
+    block the read, a link is not the study's)."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        with open(path) as f:
+            segment = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return None
+    return segment if isinstance(segment, dict) else None
 
 
 def settle_segment(out: str, to_step) -> None:
@@ -127,14 +136,10 @@ def settle_segment(out: str, to_step) -> None:
     interrupted and ending at `to_step` (the last step logged before the next segment); none is kept for a folder
     that never became a run (nothing was trained)."""
     path = pending_segment(out)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return
-    try:
-        with open(path) as f:
-            segment = json.load(f)
-    except (OSError, ValueError):
-        segment = None
-    if isinstance(segment, dict) and _is_run(out):
+    segment = _read_segment(path)
+    if segment is not None and _is_run(out):
         _append_segment(out, {**segment, "to_step": to_step, "seconds": None, "exit_code": None, "interrupted": True})
     os.remove(path)
 
@@ -146,19 +151,18 @@ def open_segment(out: str, threads: int, from_step: int, logged_before) -> None:
     from tools.bench import cpu_model
     settle_segment(out, logged_before)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(pending_segment(out), "w") as f:
-        json.dump({"cpu": cpu_model(), "threads": threads, "from_step": from_step,
-                   "logged_before": logged_before, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, f)
+    runfolder.write_json_atomically(pending_segment(out), {  # never through a link planted at its name
+        "cpu": cpu_model(), "threads": threads, "from_step": from_step, "logged_before": logged_before,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
 
 def close_segment(out: str, to_step, seconds: float, exit_code) -> None:
     """Complete the noted segment into the run's hardware.jsonl: where it ended, its time and exit code."""
     path = pending_segment(out)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return
-    with open(path) as f:
-        segment = json.load(f)
-    if _is_run(out):
+    segment = _read_segment(path)
+    if segment is not None and _is_run(out):
         _append_segment(out, {**segment, "to_step": to_step, "seconds": round(seconds, 1), "exit_code": exit_code})
     os.remove(path)
 
@@ -168,11 +172,9 @@ def hardware_segments(out: str, rows: list[dict]) -> list[dict]:
     killed), shown as interrupted at the log's last step."""
     from cegppo_utils import runfolder as RF
     segments = RF.read_jsonl(os.path.join(out, "hardware.jsonl"))
-    try:
-        with open(pending_segment(out)) as f:
-            segments.append({**json.load(f), "to_step": rows[-1]["step"] if rows else None, "interrupted": True})
-    except (OSError, ValueError, TypeError):
-        pass
+    pending = _read_segment(pending_segment(out))
+    if pending is not None:
+        segments.append({**pending, "to_step": rows[-1]["step"] if rows else None, "interrupted": True})
     return segments
 
 
@@ -183,7 +185,8 @@ def core_groups(parallel: int) -> list[list[int]]:
     depend on its thread count, which the run's hardware.jsonl records."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < parallel:
-        raise SystemExit(f"study.py: error: --parallel {parallel} needs as many cores; this process may use {len(cores)}")
+        raise SystemExit(f"study.py: error: --parallel {parallel} needs as many cores; this process may use "
+                         f"{len(cores)}")
     size = len(cores) // parallel
     return [cores[i * size:(i + 1) * size] for i in range(parallel)]
 
@@ -226,6 +229,10 @@ def run_one(preset, name, seed, steps, out, extra, cores=None):
 
 # --- what the runs say ----------------------------------------------------------------------------
 
+# What the tables and verdicts read of every run's record (run_record writes them all).
+RECORD = ("steps_done", "start_acc", "final_acc", "best_acc", "entropy_first10", "entropy_last10", "steps")
+
+
 def run_record(out: str) -> dict | None:
     """One run's summary and per-step numbers, from its run folder (None if it logged nothing)."""
     from cegppo_utils import runfolder as RF
@@ -240,8 +247,10 @@ def run_record(out: str) -> dict | None:
     return {"steps_done": steps[-1]["step"], "start_acc": next((a for s, a in evals if s == 0), None),
             "final_acc": trained[-1][1] if trained else None, "final_step": trained[-1][0] if trained else None,
             "best_acc": best[1], "best_step": best[0],
-            "entropy_first10": window_mean(rows, "entropy", True), "entropy_last10": window_mean(rows, "entropy", False),
-            "reward_first10": window_mean(rows, "reward_mean", True), "reward_last10": window_mean(rows, "reward_mean", False),
+            "entropy_first10": window_mean(rows, "entropy", True),
+            "entropy_last10": window_mean(rows, "entropy", False),
+            "reward_first10": window_mean(rows, "reward_mean", True),
+            "reward_last10": window_mean(rows, "reward_mean", False),
             "hardware": hardware_segments(out, rows), "model_sha256": _config(out).get("model_sha256"),
             "steps": rows}  # every number each step logged (metrics.jsonl, one row per step)
 
@@ -255,27 +264,6 @@ def _config(out: str) -> dict:
         return {}
 
 
-# Keys of the study's JSON that are not configurations: the warm start every run started from (its weights' hash,
-# models.weights_hash, and the machine that rebuilt it identically), and runs made by code since corrected, kept
-# for the record ({config: {seed: record with "superseded_because"}}) and never tabulated.
-WARM_START, SUPERSEDED = "_warm_start", "_superseded"
-
-
-def load_study(path: str) -> dict:
-    """The study's JSON, each run's steps read with one row per step (the last logged; see dedupe_steps)."""
-    study = json.load(open(path)) if os.path.exists(path) else {}
-    for runs in configurations(study).values():
-        for run in runs.values():
-            if "steps" in run:
-                run["steps"] = dedupe_steps(run["steps"])
-    return study
-
-
-def configurations(study: dict) -> dict:
-    """The study's configurations: its JSON without the warm start and the superseded runs."""
-    return {name: runs for name, runs in study.items() if not name.startswith("_")}
-
-
 def check_warm_start(study: dict, model_path: str, json_path: str) -> str | None:
     """The runs of a study pair only if they start from the same weights: a cached warm start whose hash differs from
     the one the study recorded stops the study before any run (SystemExit, one line). Returns the hash."""
@@ -284,9 +272,9 @@ def check_warm_start(study: dict, model_path: str, json_path: str) -> str | None
     want = study.get(WARM_START, {}).get("sha256")
     if want and have != want:
         sys.exit(f"study.py: error: the warm start {model_path} has weights hash {have}, but the runs of {json_path} "
-                 f"started from {want} ({study[WARM_START].get('machine', 'machine unknown')}); its runs would not pair "
-                 "with them. The warm start is deterministic on one machine type but not across CPU instruction sets: "
-                 "run the study where it was built, or start a new one with --json")
+                 f"started from {want} ({study[WARM_START].get('machine', 'machine unknown')}); its runs would not "
+                 "pair with them. The warm start is deterministic on one machine type but not across CPU instruction "
+                 "sets: run the study where it was built, or start a new one with --json")
     return have
 
 
@@ -380,7 +368,8 @@ def table1(study: dict, baseline: str = "grpo", primary=STUDY_DEFAULT) -> str:
     tests = {}  # name: its paired differences from the baseline
     for name, runs in study.items():
         seeds = sorted(runs, key=int)
-        both = [s for s in seeds if s in base and runs[s]["final_acc"] is not None and base[s].get("final_acc") is not None]
+        both = [s for s in seeds
+                if s in base and runs[s]["final_acc"] is not None and base[s].get("final_acc") is not None]
         pairs = [runs[s]["final_acc"] - base[s]["final_acc"] for s in both]
         if name != baseline and len(pairs) > 1:
             tests[name] = pairs
@@ -393,8 +382,8 @@ def table1(study: dict, baseline: str = "grpo", primary=STUDY_DEFAULT) -> str:
                      f"{cell([runs[s]['best_acc'] for s in seeds], seeds, seeds)} | "
                      f"{cell(pairs, both, seeds, paired=True) if name != baseline else '-'} | {entropy} | "
                      f"{seed_list(seeds)} |")
-    lines += ["", para("Start, final and best: mean over seeds [95% t-interval on the logit scale, mapped back: it cannot "
-                       "pass 0 or 100%]. The paired column: mean [95% t-interval] of the per-seed differences.")]
+    lines += ["", para("Start, final and best: mean over seeds [95% t-interval on the logit scale, mapped back: it "
+                       "cannot pass 0 or 100%]. The paired column: mean [95% t-interval] of the per-seed differences.")]
     if tests:
         family = [n for n in tests if n in primary]
         among = " among the protocol's configurations" if family else ""
@@ -406,10 +395,10 @@ def table1(study: dict, baseline: str = "grpo", primary=STUDY_DEFAULT) -> str:
         lines += ["", para(f"Multiple comparisons: the paired column holds {k} comparisons with {baseline}{among}"
                   f"{f' ({len(tests)} with the others)' if len(tests) > k else ''}, none corrected. If no "
                   f"configuration differed from {baseline}, {0.05 * k:.2f} of those {k} intervals would exclude 0 by "
-                  f"chance on average, and at least 2 would with probability {chance_of_at_least(2, k):.2f} (treating them "
-                  f"as independent; they share {baseline}'s seeds). Excluding 0: "
-                  f"{', '.join(f'{n} (p = {p[n]:.3f}, {len(tests[n]) - 1} degrees of freedom)' for n in off) or 'none'}; "
-                  f"after Holm's correction over the {k}: {', '.join(kept) or 'none'}.")]
+                  f"chance on average, and at least 2 would with probability {chance_of_at_least(2, k):.2f} (treating "
+                  f"them as independent; they share {baseline}'s seeds). Excluding 0: "
+                  f"{', '.join(f'{n} (p = {p[n]:.3f}, {len(tests[n]) - 1} degrees of freedom)' for n in off) or 'none'}"
+                  f"; after Holm's correction over the {k}: {', '.join(kept) or 'none'}.")]
     return "\n".join(lines)
 
 
@@ -441,7 +430,8 @@ def entropy_change(run):
 def window_entropy(run, lo: float, hi: float):
     """Mean entropy over the steps in (lo T, hi T] of a run of T steps (T = 200: 0-0.1 is steps 1-20)."""
     T = run["steps_done"]
-    values = [r["entropy"] for r in run["steps"] if lo * T < r.get("step", 0) <= hi * T and r.get("entropy") is not None]
+    values = [r["entropy"] for r in run["steps"]
+              if lo * T < r.get("step", 0) <= hi * T and r.get("entropy") is not None]
     return sum(values) / len(values) if values else None
 
 
@@ -462,7 +452,8 @@ def best_dynamic(study: dict, seeds=("0", "1", "2")) -> str | None:
     """The dynamic-clip schedule with the highest mean final avg@k over seeds 0-2 (a tie goes to ID)."""
     means = {}
     for name in ("grpo_dyn_id", "grpo_dyn_did", "grpo_dyn_od"):
-        finals = [study[name][s]["final_acc"] for s in seeds if s in study.get(name, {}) and study[name][s].get("final_acc") is not None]
+        finals = [study[name][s]["final_acc"] for s in seeds
+                  if s in study.get(name, {}) and study[name][s].get("final_acc") is not None]
         if len(finals) == len(seeds):
             means[name] = sum(finals) / len(finals)
     return max(means, key=lambda n: (means[n], n == "grpo_dyn_id")) if means else None
@@ -483,12 +474,14 @@ RULES = [
     ("1: a larger beta1 lowers entropy", "(1, 0.5) - (0.5, 1)", "ce_gppo_1_0.5", "ce_gppo_0.5_1", last10, "below"),
     ("1: a larger beta2 keeps entropy higher", "(1, 1) - (1, 0.5)", "gppo", "ce_gppo_1_0.5", last10, "above"),
     ("2: (1, 0.5) collapses entropy", "(1, 0.5) - PPO-clip", "ce_gppo_1_0.5", "ppo_clip", last10, "below"),
-    ("2: (1, 0.5) lowers accuracy", "(1, 0.5) - (0.5, 1), final avg@k", "ce_gppo_1_0.5", "ce_gppo_0.5_1", final, "below"),
-    ("2: (0.5, 1) keeps entropy stable", "(0.5, 1): last-10 - first-10 entropy", "ce_gppo_0.5_1", None, entropy_change, "not below"),
+    ("2: (1, 0.5) lowers accuracy", "(1, 0.5) - (0.5, 1), final avg@k", "ce_gppo_1_0.5", "ce_gppo_0.5_1", final,
+     "below"),
+    ("2: (0.5, 1) keeps entropy stable", "(0.5, 1): last-10 - first-10 entropy", "ce_gppo_0.5_1", None, entropy_change,
+     "not below"),
     *[("3: CE-GPPO (0.5, 1) ends above " + b, f"(0.5, 1) - {b}, final avg@k", "ce_gppo_0.5_1", b, final, "above")
       for b in ("grpo", "dapo", "cispo", "gspo", "entropy_0.001", "entropy_0.003")],
-    ("4: an entropy bonus of 0.001 does not stop the fall", "entropy_0.001: last-10 - first-10 entropy", "entropy_0.001", None,
-     entropy_change, "below"),
+    ("4: an entropy bonus of 0.001 does not stop the fall", "entropy_0.001: last-10 - first-10 entropy",
+     "entropy_0.001", None, entropy_change, "below"),
     *[(f"5: {n} keeps entropy higher than GRPO", f"{n} - grpo, last-10 entropy", n, "grpo", last10, "above")
       for n in ("grpo_dyn_id", "grpo_dyn_did", "grpo_dyn_od")],
     *[(f"5: {n} without losing accuracy", f"{n} - grpo, final avg@k", n, "grpo", final, "not below")
@@ -497,10 +490,11 @@ RULES = [
 # What the reader of a rule must know beside its verdict: where it is not the protocol's own rule (added after the
 # protocol was fixed; docs/study-protocol.md lists these in its dated amendment), or does not test what it names.
 NOTES = {
-    "(1, 0.5) - (0.5, 1)": "changes both betas at once (beta1 0.5 -> 1 and beta2 1 -> 0.5), so it does not isolate beta1",
+    "(1, 0.5) - (0.5, 1)": "changes both betas at once (beta1 0.5 -> 1 and beta2 1 -> 0.5), so it does not isolate "
+                           "beta1",
     "(1, 0.5) - (0.5, 1), final avg@k": "added: the protocol names no comparator for 'lowers accuracy'",
-    "entropy_0.001: last-10 - first-10 entropy": "added: the protocol states no rule for 'does not stop the fall'; it holds "
-                                                 "trivially, as entropy falls under every configuration",
+    "entropy_0.001: last-10 - first-10 entropy": "added: the protocol states no rule for 'does not stop the fall'; it "
+                                                 "holds trivially, as entropy falls under every configuration",
     "(0.5, 1): last-10 - first-10 entropy": "an absolute rule: where entropy falls under every configuration, GRPO's "
                                             "included, it does not tell (0.5, 1) apart; docs/cpu-reproduction.md reads "
                                             "the change against GRPO's",
@@ -521,7 +515,8 @@ TRAJECTORIES = {"grpo_dyn_id": [("81-100", ">", "1-20"), ("181-200", "<", "81-10
 
 def follows(windows: dict, checks) -> bool:
     """Whether window means ({window: entropy or None}) satisfy every (x, ">" or "<", y) of a designed trajectory."""
-    return all(windows[x] is not None and windows[y] is not None and (windows[x] > windows[y] if op == ">" else windows[x] < windows[y])
+    return all(windows[x] is not None and windows[y] is not None
+               and (windows[x] > windows[y] if op == ">" else windows[x] < windows[y])
                for x, op, y in checks)
 
 
@@ -537,7 +532,8 @@ def verdicts(study: dict, mechanism: dict | None = None) -> str:
         if result is None:
             return "n/a", "-"
         n, mean, (lo, hi) = result
-        return f"{scale * mean:+.{1 if scale == 100 else 4}f} [{scale * lo:+.{1 if scale == 100 else 4}f}, {scale * hi:+.{1 if scale == 100 else 4}f}]", str(n)
+        return (f"{scale * mean:+.{1 if scale == 100 else 4}f} [{scale * lo:+.{1 if scale == 100 else 4}f}, "
+                f"{scale * hi:+.{1 if scale == 100 else 4}f}]", str(n))
 
     def rows(rules):
         out = []
@@ -551,8 +547,8 @@ def verdicts(study: dict, mechanism: dict | None = None) -> str:
             out.append(f"| {claim}{note} | {what} | {n} | {text} | {want} 0 | **{verdict}** |")
         return out
 
-    head = ["| claim | comparison (accuracy in points, entropy in nats/token) | seeds | mean [95% CI] | predicted | verdict |",
-            "|---|---|---|---|---|---|"]
+    head = ["| claim | comparison (accuracy in points, entropy in nats/token) | seeds | mean [95% CI] | predicted "
+            "| verdict |", "|---|---|---|---|---|---|"]
     lines = ["Paired by seed; 95% t-intervals over seeds; no correction for multiple comparisons. A claim marked "
              "'added' is read by a rule the protocol did not state (docs/study-protocol.md lists them in its amendment "
              "of 2026-11-25).", "", *head, *rows(RULES)]
@@ -572,8 +568,9 @@ def verdicts(study: dict, mechanism: dict | None = None) -> str:
         mean = {w: None if any(e[w] is None for e in each) else sum(e[w] for e in each) / len(each) for w in W}
         per_run = sum(follows(e, checks) for e in each)
         shape = ", ".join(f"{w} {mean[w]:.4f}" for w in W if mean[w] is not None)
-        lines.append(f"| 5: {name} follows its designed trajectory | seed-mean entropy of steps {shape} | {len(runs)} | "
-                     f"{per_run} of {len(runs)} runs alone | {'; '.join(f'{x} {op} {y}' for x, op, y in checks)} | "
+        lines.append(f"| 5: {name} follows its designed trajectory | seed-mean entropy of steps {shape} | "
+                     f"{len(runs)} | {per_run} of {len(runs)} runs alone | "
+                     f"{'; '.join(f'{x} {op} {y}' for x, op, y in checks)} | "
                      f"**{'holds' if follows(mean, checks) else 'shape not seen'}** |")
     od = list(study.get("grpo_dyn_od", {}).values())
     if od:
@@ -583,7 +580,8 @@ def verdicts(study: dict, mechanism: dict | None = None) -> str:
         lines.append(f"| 5: grpo_dyn_od oscillates | switches of od_state per run: {switches} | {len(od)} | "
                      f"{sum(s >= 2 for s in switches)} of {len(od)} runs | >= 2 switches | **{verdict}** |")
     best = best_dynamic(study)
-    lines += ["", f"The best dynamic-clip schedule (highest mean final avg@k over seeds 0-2): {best or 'not yet known'}.",
+    lines += ["", f"The best dynamic-clip schedule (highest mean final avg@k over seeds 0-2): "
+                  f"{best or 'not yet known'}.",
               "", "Also reported, not part of the protocol's claims:", "", *head, *rows(EXPLORATORY)]
     table = step_vs_run(study, mechanism or {})
     if table:
@@ -610,8 +608,8 @@ def step_vs_run(study: dict, mechanism: dict, reference: str = "ppo_clip") -> st
         n, run_mean, (run_lo, run_hi) = run
         agree = "agree" if (mean > 0) == (run_mean > 0) else "differ"
         resolved = (lo > 0 or hi < 0) and (run_lo > 0 or run_hi < 0)
-        lines.append(f"| {name} | {cell(mean, lo, hi)} ({step['n']}) | {cell(run_mean, run_lo, run_hi)} ({n}) | {agree} | "
-                     f"{'yes' if resolved else 'no'} |")
+        lines.append(f"| {name} | {cell(mean, lo, hi)} ({step['n']}) | {cell(run_mean, run_lo, run_hi)} ({n}) | "
+                     f"{agree} | {'yes' if resolved else 'no'} |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
@@ -624,7 +622,8 @@ FIGURES = [
     ("baselines.png", "every baseline of Table 1",
      ["grpo", "dapo", "cispo", "gspo", "ce_gppo_0.5_1", "ce_gppo_0.75_1"], ["entropy", "eval_acc"]),
     ("clip-regions.png", "the clipped regions CE-GPPO keeps a gradient on (fraction of tokens)",
-     ["ppo_clip", "ce_gppo_0_1", "ce_gppo_0.5_1", "ce_gppo_1_0.5", "gppo"], ["clip_frac_low_neg", "clip_frac_high_pos"]),
+     ["ppo_clip", "ce_gppo_0_1", "ce_gppo_0.5_1", "ce_gppo_1_0.5", "gppo"],
+     ["clip_frac_low_neg", "clip_frac_high_pos"]),
     ("kl.png", "KL(pi_old || pi) per step (k3)", None, ["approx_kl"]),
 ]
 
@@ -639,8 +638,9 @@ def draw_figures(study: dict, out_dir: str, window: int = 5) -> list[str]:
 
     from cegppo_utils import plot
     dynamic = [n for n in study if "_dyn_" in n]
-    figures = FIGURES + ([("dynamic-clip.png", "dynamic clipping (arXiv 2602.09782) against fixed clipping; dashed: T/2, "
-                          "where ID and DID change phase", dynamic + sorted({n.split("_dyn_")[0] for n in dynamic}),
+    figures = FIGURES + ([("dynamic-clip.png", "dynamic clipping (arXiv 2602.09782) against fixed clipping; dashed: "
+                          "T/2, where ID and DID change phase",
+                          dynamic + sorted({n.split("_dyn_")[0] for n in dynamic}),
                           ["entropy", "eval_acc"])] if dynamic else [])
     written = []
     for file, title, names, keys in figures:
@@ -659,10 +659,12 @@ def draw_figures(study: dict, out_dir: str, window: int = 5) -> list[str]:
                 if not curves:
                     continue
                 x = sorted(set.intersection(*(set(curve) for curve in curves)))
-                ax.plot(x, [sum(curve[t] for curve in curves) / len(curves) for t in x], color=plt.get_cmap("tab10")(c % 10),
-                        label=f"{name} ({len(curves)})", marker="o" if key == "eval_acc" else None, linewidth=1.3)
+                ax.plot(x, [sum(curve[t] for curve in curves) / len(curves) for t in x],
+                        color=plt.get_cmap("tab10")(c % 10), label=f"{name} ({len(curves)})",
+                        marker="o" if key == "eval_acc" else None, linewidth=1.3)
                 if len(curves) > 1:
-                    ax.fill_between(x, [min(curve[t] for curve in curves) for t in x], [max(curve[t] for curve in curves) for t in x],
+                    ax.fill_between(x, [min(curve[t] for curve in curves) for t in x],
+                                    [max(curve[t] for curve in curves) for t in x],
                                     color=plt.get_cmap("tab10")(c % 10), alpha=0.12)
             if file == "dynamic-clip.png":
                 last = max(r["steps_done"] for name in names for r in study[name].values())
@@ -673,7 +675,7 @@ def draw_figures(study: dict, out_dir: str, window: int = 5) -> list[str]:
         axes[0][0].legend(fontsize=8)
         fig.suptitle(title + " — mean over seeds (in brackets), shaded min-max", fontsize=10)
         fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, file), dpi=100)
+        runfolder.save_figure(fig, os.path.join(out_dir, file), dpi=100)  # never through a link at its name
         plt.close(fig)
         written.append(os.path.join(out_dir, file))
     return written
@@ -731,7 +733,8 @@ def region_fractions(study: dict) -> dict:
     return out
 
 
-def detectability(study: dict, baseline: str = "grpo", primary=STUDY_DEFAULT, seed_counts=range(2, 11)) -> tuple[str, dict]:
+def detectability(study: dict, baseline: str = "grpo", primary=STUDY_DEFAULT,
+                  seed_counts=range(2, 11)) -> tuple[str, dict]:
     """What the study could detect, as markdown, and the numbers behind its figure: the SD of the final paired
     differences against the baseline (pooled over the comparisons with 5 seeds, over all of the protocol's, and
     over those with 3), the minimum detectable difference at 80% power (two-sided paired t-test at 5%) per seed
@@ -749,7 +752,8 @@ def detectability(study: dict, baseline: str = "grpo", primary=STUDY_DEFAULT, se
     if not diffs:
         return "", {}
     counts = sorted({len(v) for v in diffs.values()}, reverse=True)
-    sds = [(f"the {sum(len(v) == n for v in diffs.values())} with {n} seeds", *pooled_sd([v for v in diffs.values() if len(v) == n]))
+    sds = [(f"the {sum(len(v) == n for v in diffs.values())} with {n} seeds",
+            *pooled_sd([v for v in diffs.values() if len(v) == n]))
            for n in counts]
     sds.insert(1 if len(counts) > 1 else 0, (f"all {len(diffs)} of the protocol's", *pooled_sd(list(diffs.values()))))
     sds = sds if len(counts) > 1 else sds[:1]
@@ -763,32 +767,38 @@ def detectability(study: dict, baseline: str = "grpo", primary=STUDY_DEFAULT, se
 
     lines = [f"Final avg@k, each configuration minus {baseline} on the same seed, in points.", "",
              f"**The noise.** The per-seed differences from {baseline} scatter with these SDs (pooled, each comparison "
-             "weighted by its degrees of freedom):", "", "| comparisons | pooled SD of the paired differences | degrees of freedom |",
+             "weighted by its degrees of freedom):", "",
+             "| comparisons | pooled SD of the paired differences | degrees of freedom |",
              "|---|---|---|", *[f"| {label} | {sd:.2f} | {dof} |" for label, sd, dof in sds], "",
-             "Per comparison: " + ", ".join(f"{n} {pooled_sd([v])[0]:.2f} ({len(v)})" for n, v in diffs.items()) + ".", "",
-             "**The smallest true difference found with 80% power** (two-sided paired t-test at 5%, per number of seeds):",
+             "Per comparison: " + ", ".join(f"{n} {pooled_sd([v])[0]:.2f} ({len(v)})" for n, v in diffs.items()) + ".",
+             "",
+             "**The smallest true difference found with 80% power** (two-sided paired t-test at 5%, per number of "
+             "seeds):",
              "", "| seeds | " + " | ".join(f"SD {sd:.2f}" for _, sd, _ in sds) + " |", "|---" * (len(sds) + 1) + "|",
              *[f"| {n} | " + " | ".join(f"{m:.1f}" for m in mde[n]) + " |" for n in seed_counts]]
     if gains:
-        lines += ["", "**The paper's gains, carried to this task.** The paper's Table 1 (R1-Distill-Qwen-1.5B, avg@k on "
-                  f"{', '.join(PAPER_BENCHMARKS)}): GRPO {', '.join(map(str, PAPER_TABLE1['grpo']))}; DAPO "
-                  f"{', '.join(map(str, PAPER_TABLE1['dapo']))}; CE-GPPO (0.5, 1) {', '.join(map(str, PAPER_TABLE1['ce_gppo_0.5_1']))}. "
+        lines += ["", "**The paper's gains, carried to this task.** The paper's Table 1 (R1-Distill-Qwen-1.5B, avg@k "
+                  f"on {', '.join(PAPER_BENCHMARKS)}): GRPO {', '.join(map(str, PAPER_TABLE1['grpo']))}; "
+                  f"DAPO {', '.join(map(str, PAPER_TABLE1['dapo']))}; CE-GPPO (0.5, 1) "
+                  f"{', '.join(map(str, PAPER_TABLE1['ce_gppo_0.5_1']))}. "
                   "Taken as the same relative cut in error rate, applied to the baseline's final error here:", "",
-                  f"| CE-GPPO (0.5, 1) over | paper: gain in points (mean of 5) | read as | cut in error | error here | "
-                  f"gain here (points) | power, 3 / 5 seeds (SD {main_sd:.2f}) | seeds for 80% power |",
+                  f"| CE-GPPO (0.5, 1) over | paper: gain in points (mean of 5) | read as | cut in error | "
+                  f"error here | gain here (points) | power, 3 / 5 seeds (SD {main_sd:.2f}) | seeds for 80% power |",
                   "|---|---|---|---|---|---|---|---|",
-                  *[f"| {g['baseline']} | +{g['gain']:.2f} | {g['how']} | {100 * g['cut']:.1f}% | {g['error_here']:.1f} | "
-                    f"+{g['here']:.2f} | {100 * g['power'][3]:.0f}% / {100 * g['power'][5]:.0f}% | about {g['seeds_needed']} |"
+                  *[f"| {g['baseline']} | +{g['gain']:.2f} | {g['how']} | {100 * g['cut']:.1f}% | "
+                    f"{g['error_here']:.1f} | +{g['here']:.2f} | {100 * g['power'][3]:.0f}% / "
+                    f"{100 * g['power'][5]:.0f}% | about {g['seeds_needed']} |"
                     for g in gains]]
     if regions:
-        lines += ["", "**Where the betas act.** Share of response tokens per step (%, mean over the run's steps and seeds) in "
-                  "CE-GPPO's beta1 region (ratio below 1 - eps, A < 0: `clip_frac_low_neg`), its beta2 region (above "
-                  "1 + eps, A > 0: `clip_frac_high_pos`), and outside the clip interval at all (the four regions summed); "
-                  "each counted against the objective's own interval:", "",
+        lines += ["", "**Where the betas act.** Share of response tokens per step (%, mean over the run's steps and "
+                  "seeds) in CE-GPPO's beta1 region (ratio below 1 - eps, A < 0: `clip_frac_low_neg`), its beta2 "
+                  "region (above 1 + eps, A > 0: `clip_frac_high_pos`), and outside the clip interval at all (the four "
+                  "regions summed); each counted against the objective's own interval:", "",
                   "| config | beta1 region | beta2 region | outside the interval | beta1 / beta2 region, steps 1-10 |",
                   "|---|---|---|---|---|",
                   *[f"| {n} | {r['clip_frac_low_neg']:.3f} | {r['clip_frac_high_pos']:.3f} | {r['outside']:.3f} | "
-                    f"{r.get('clip_frac_low_neg_first10', math.nan):.3f} / {r.get('clip_frac_high_pos_first10', math.nan):.3f} |"
+                    f"{r.get('clip_frac_low_neg_first10', math.nan):.3f} / "
+                    f"{r.get('clip_frac_high_pos_first10', math.nan):.3f} |"
                     for n, r in regions.items()]]
         notes = {"gspo": "GSPO's interval is on its sequence-level ratio (eps 3e-4 / 4e-4), so its regions count "
                          "whole responses", "cispo": "CISPO has no lower bound (eps_low 1.0), so nothing is below it"}
@@ -850,43 +860,59 @@ def draw_detectability(data: dict, path: str) -> str | None:
     ax.tick_params(axis="y", labelsize=7)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    runfolder.save_figure(fig, path, dpi=100)
     plt.close(fig)
     return path
 
 
 def path_problem(args, root, figures, json_path) -> str | None:
-    """What is wrong with the study's paths, found before any run: --root or --figures naming a file, --json (or
-    --mechanism) naming a folder or holding what is not a study's JSON."""
-    from cegppo_utils.data import first_line
-    for flag, path in (("--root", args.root), ("--root", root), ("--figures", figures)):
+    """What is wrong with the study's paths, found before any run: --root or --figures naming a file or a folder that
+    cannot be made or written, --json naming a folder or holding what is not a study's JSON, --mechanism not a JSON
+    object, or the JSON's folder not writable."""
+    for flag, path, written in (("--root", args.root, not args.plot_only), ("--root", root, not args.plot_only),
+                                ("--figures", figures, not args.no_plot)):
         if os.path.lexists(path) and not os.path.isdir(path):
-            return f"{flag} {path} is a file; it names the folder the study writes into"
-    for flag, path in (("--json", json_path), ("--mechanism", args.mechanism)):
-        if path and os.path.isdir(path):
-            return f"{flag} {path} is a folder; name the study's JSON file"
-        if not path or not os.path.exists(path):
-            continue
+            return f"{flag} {cli.short(path)} is a file; it names the folder the study writes into"
+        problem = written and cli.folder_problem(path, flag)
+        if problem:
+            return problem
+    if args.mechanism:
         try:
-            value = load_study(path) if flag == "--json" else json.load(open(path))
-            if not isinstance(value, dict):
-                raise ValueError(f"a {type(value).__name__}, not an object")
-        except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError, RecursionError) as e:
-            return f"{flag} {path}: not a study's JSON ({type(e).__name__}: {first_line(e)})"
-    return None
+            cli.read_json(args.mechanism, "--mechanism", what="a JSON object")
+        except UserError as e:
+            return str(e)
+    if not os.path.lexists(json_path):
+        return cli.output_problem(json_path, "--json")
+    blocks = study_active.block_paths(json_path)[1:] if args.preset == "merge-active" else []  # read by its report
+    for path in [json_path, *blocks]:
+        problem = study_problem(path, "--json" if path == json_path else f"--json's block {path[-6].upper()}")
+        if problem:
+            return problem
+    lacking = [(name, seed, sorted(set(RECORD) - set(run)))
+               for name, runs in configurations(load_study(json_path)).items()
+               for seed, run in runs.items() if not set(RECORD) <= set(run)]
+    if lacking:
+        name, seed, keys = lacking[0]
+        return (f"--json {cli.short(json_path)}: not a study's JSON ({cli.short(name, 60)} seed {cli.short(seed, 20)} "
+                f"lacks {', '.join(keys)}, of what run_record writes)")
+    folder = os.path.dirname(os.path.abspath(json_path))  # the JSON is rewritten beside itself (never in place)
+    return cli.folder_problem(folder, f"--json {cli.short(json_path)}: its folder")
 
 
 def main():
-    from cegppo_utils import flags  # the shared help formatter, and the one-line error of train.py's parser
-    parser = flags.Parser(prog="study.py", description=__doc__, formatter_class=flags.HelpFormatter, allow_abbrev=False)
+    from cegppo_utils import flags  # train.py's command line, which checks the flags passed through
+    parser = cli.Parser("study.py", description=__doc__)
     parser.add_argument("--preset", default="tiny", help="train.py preset: task, model and the update's settings")
     parser.add_argument("--steps", type=int, default=50, help="RL steps per run")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     parser.add_argument("--configs", default=",".join(STUDY_DEFAULT), help=f"comma-separated, from {list(CONFIGS)}")
-    parser.add_argument("--eval-every", type=int, default=None, help="held-out evaluation every N steps (default: the preset's)")
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="held-out evaluation every N steps (default: the preset's)")
     parser.add_argument("--root", default=os.path.join(ROOT, "runs", "study"), help="where the runs go")
-    parser.add_argument("--figures", default=None, help="where figures and the table go (default: docs/figures/study-<preset>)")
-    parser.add_argument("--json", default=None, help="the study's JSON, updated with the runs found (default: docs/figures/study-<preset>.json)")
+    parser.add_argument("--figures", default=None,
+                        help="where figures and the table go (default: docs/figures/study-<preset>)")
+    parser.add_argument("--json", default=None, help="the study's JSON, updated with the runs found "
+                        "(default: docs/figures/study-<preset>.json)")
     parser.add_argument("--mechanism", default=None, help="the one-step experiment's JSON, set beside the runs "
                         "(default: docs/figures/mechanism-<preset>-warm.json, where it exists)")
     parser.add_argument("--plot-only", action="store_true", help="only redraw from existing runs (the report mode)")
@@ -911,12 +937,12 @@ def main():
         parser.error(f"--steps {args.steps}: must be >= 1")
     if args.parallel < 1:
         parser.error("--parallel must be >= 1")
-    names = [c for c in args.configs.split(",") if c]
-    unknown = [c for c in names if c not in CONFIGS]
-    if unknown or not names:
-        parser.error(f"unknown config(s) {unknown}; choose from {', '.join(CONFIGS)}" if unknown else "--configs: none given")
-    if args.mechanism and not os.path.isfile(args.mechanism):
-        parser.error(f"--mechanism: no such file {args.mechanism}")
+    if args.parallel > len(os.sched_getaffinity(0)):
+        parser.error(f"--parallel {args.parallel} needs as many cores; this process may use "
+                     f"{len(os.sched_getaffinity(0))}")
+    names = cli.choices(parser, args.configs, CONFIGS, "--configs", "config")
+    if args.mechanism and not os.path.lexists(args.mechanism):
+        parser.error(f"--mechanism: no such file {cli.short(args.mechanism)}")
     extra = train_flags + (["--eval-every", str(args.eval_every)] if args.eval_every is not None else [])
     settings = flags.parse_args(["--preset", args.preset, *extra], prog="study.py")  # a bad train.py flag ends here
     if not args.plot_only:
@@ -933,10 +959,14 @@ def main():
         from cegppo_utils import runfolder as RF
         for name, seed in [(name, seed) for seed in seeds for name in names]:
             out = os.path.join(root, f"{name}-s{seed}")
-            done = dedupe_steps(RF.read_jsonl(os.path.join(out, "metrics.jsonl")))
-            final = os.path.join(out, "final", "config.json")
-            ended = done and done[-1]["step"] >= args.steps and os.path.exists(final)
-            why = None if ended or not os.path.isdir(out) else refusal(out, done, resuming=True)
+            if not os.path.isdir(out):
+                continue
+            why = folder_refusal(out)  # before anything in the folder is read: a FIFO there would block the read
+            if not why:
+                done = dedupe_steps(RF.read_jsonl(os.path.join(out, "metrics.jsonl")))
+                final = os.path.join(out, "final", "config.json")
+                ended = done and done[-1]["step"] >= args.steps and os.path.exists(final)
+                why = None if ended else refusal(out, done, resuming=True)
             if why:
                 parser.error(f"{name} seed {seed}: refused ({out}): {why}; move that run folder aside to run it again")
     start, warm_start = time.time(), None
@@ -944,7 +974,8 @@ def main():
         from cegppo_utils import models
         warm_start = check_warm_start(load_study(json_path), models.resolve_model(settings.model), json_path)
     if not args.plot_only:
-        jobs = [(name, seed) for seed in seeds for name in names]  # seed-major: an interrupted study has whole seeds first
+        # seed-major: an interrupted study has whole seeds first
+        jobs = [(name, seed) for seed in seeds for name in names]
         free = queue.Queue()
         for group in core_groups(args.parallel):
             free.put(group)
@@ -968,10 +999,10 @@ def main():
     if args.no_plot:
         return
     if args.preset == "merge-active":  # the second study reads its claims by its own protocol
-        from tools import study_active
         return study_active.report(json_path, figures)
     os.makedirs(figures, exist_ok=True)
-    # the table, the verdicts and the figures read finished runs only (an unfinished run's last evaluation is not its final one)
+    # the table, the verdicts and the figures read finished runs only (an unfinished run's last evaluation is not its
+    # final one)
     finished = {n: {s: r for s, r in runs.items() if r["steps_done"] >= args.steps} for n, runs in study.items()}
     finished = {n: runs for n, runs in finished.items() if runs}
     unfinished = [f"{n} seed {s} ({r['steps_done']} steps)" for n, runs in study.items() for s, r in runs.items()
@@ -991,8 +1022,9 @@ def main():
         runfolder.write_text_atomically(os.path.join(figures, "detectability.md"), text + "\n")
         written.append(draw_detectability(data, os.path.join(figures, "detectability.png")))
     print(table)
-    print(f"[study] total {time.time() - start:.0f}s; table and figures in {figures}: {', '.join(map(os.path.basename, written))}")
+    print(f"[study] total {time.time() - start:.0f}s; table and figures in {figures}: "
+          f"{', '.join(map(os.path.basename, written))}")
 
 
 if __name__ == "__main__":
-    main()
+    cli.guard("study.py", main)

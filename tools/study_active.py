@@ -4,20 +4,21 @@ runs from one warm start (the runs are made by tools/study.py, which writes them
     python -m tools.study_active     # docs/figures/study-merge-active/{regime,sizing,verdicts}.md and entropy.png
 
 Stage 1: the regime grid (GRPO only) and the point its rule chooses. Stage 2: the effect to detect, GRPO's spread,
-the seed count and the arms that fit the budget. Stage 3: every claim's paired estimate, 95% interval, Holm-adjusted
-p-value, minimum detectable effect and verdict. Each part reads only what exists so far, and says what is missing.
+the seed count and the arms that fit the budget. Stage 3: every claim's paired estimate, 95% interval, raw and
+Holm-adjusted p-values, minimum detectable effect and verdict. Each part reads only what exists so far, and says what
+is missing.
 """
 
-import argparse
 import glob
 import json
 import math
 import os
 
 from cegppo_utils import runfolder
+from tools import cli
 from tools.configs import CONFIGS, REGIME_GRID
-from tools.stats import holm, mean_ci, min_detectable, paired_power, t_test_p
-from tools.study import ROOT, configurations, load_study, para
+from tools.stats import holm, holm_adjusted, mean_ci, min_detectable, paired_power, t_test_p
+from tools.study_json import ROOT, configurations, load_study, para, study_problem
 
 JSON = os.path.join(ROOT, "docs", "figures", "study-merge-active.json")
 FIGURES = os.path.join(ROOT, "docs", "figures", "study-merge-active")
@@ -28,7 +29,8 @@ REGIONS = ("clip_frac_low_neg", "clip_frac_high_pos", "clip_frac_low_pos", "clip
 
 def block_paths(json_path: str) -> list[str]:
     """Block A's JSON, then the further blocks' beside it (`<name>-b.json`, `-c.json`, ...), one per warm start."""
-    return [json_path] + sorted(glob.glob(json_path[:-len(".json")] + "-[b-z].json"))
+    stem, suffix = os.path.splitext(json_path)
+    return [json_path] + (sorted(glob.glob(glob.escape(stem) + "-[b-z].json")) if suffix == ".json" else [])
 
 
 def merge_blocks(blocks: list[dict]) -> dict:
@@ -277,11 +279,18 @@ def read(c: dict) -> str:
 
 
 def with_holm(contrasts: list[dict]) -> list[dict]:
-    """Holm's step-down over the family's contrasts that have a p-value."""
+    """Holm's step-down over the family's contrasts that have a p-value: whether each survives (c["holm"]) and its
+    adjusted p-value (c["p_holm"]), beside its raw one (c["p"])."""
     tested = [c for c in contrasts if "p" in c]
-    for c, rejected in zip(tested, holm([c["p"] for c in tested])):
-        c["holm"] = rejected
+    pvalues = [c["p"] for c in tested]
+    for c, rejected, adjusted in zip(tested, holm(pvalues), holm_adjusted(pvalues)):
+        c["holm"], c["p_holm"] = rejected, adjusted
     return contrasts
+
+
+def p_text(p: float) -> str:
+    """A p-value for a table: three decimals, two significant digits below 0.01, and a bound below 0.0001."""
+    return f"{p:.3f}" if p >= 0.01 else f"{p:.2g}" if p >= 1e-4 else "< 0.0001"
 
 
 def diff_window(first, last):
@@ -366,17 +375,18 @@ def verdicts_report(study: dict) -> str:
                                 ("dynamic", "Dynamic clipping against GRPO (entropy, nats; Holm over the family)", 1.0),
                                 ("accuracy", "Accuracy (avg@8 points; Holm over 2)", 100.0),
                                 ("keeps_accuracy", "Dynamic clipping: without losing accuracy (avg@8 points)", 100.0)):
-        lines += ["", f"**{title}**", "", "| claim | seeds | estimate [95% CI] | p (Holm) | MDE | verdict | per block "
-                  "(seeds: mean) |", "|---|---|---|---|---|---|---|"]
+        lines += ["", f"**{title}**", "", "| claim | seeds | estimate [95% CI] | p | p, Holm-adjusted | MDE | "
+                  "verdict | per block (seeds: mean) |", "|---|---|---|---|---|---|---|---|"]
         fmt = (lambda x: f"{x:+.4f}") if unit == 1.0 else (lambda x: f"{100 * x:+.1f}")
         for c in result[family]:
             if "mean" not in c:
-                lines.append(f"| {c['label']} | {c['n']} | n/a | | | fewer than 2 seeds | |")
+                lines.append(f"| {c['label']} | {c['n']} | n/a | | | | fewer than 2 seeds | |")
                 continue
-            holm_text = "" if "holm" not in c else (" (survives)" if c["holm"] else " (does not survive)")
+            holm_text = "" if "holm" not in c else (
+                f"{p_text(c['p_holm'])} ({'survives' if c['holm'] else 'does not survive'})")
             blocks = "; ".join(f"{b} ({n}): {fmt(m)}" for b, (n, m) in c["blocks"].items())
             lines.append(f"| {c['label']} | {c['n']} | {fmt(c['mean'])} [{fmt(c['ci'][0])}, {fmt(c['ci'][1])}] | "
-                         f"{c['p']:.3f}{holm_text} | {fmt(c['mde']).lstrip('+')} | {read(c)} | {blocks} |")
+                         f"{p_text(c['p'])} | {holm_text} | {fmt(c['mde']).lstrip('+')} | {read(c)} | {blocks} |")
     never = {n: s for n, s in result["od_never_switched"].items() if s}
     if never:
         lines += ["", "OD runs that never switched to state 1 (OD is not exercised there): " +
@@ -452,7 +462,7 @@ def draw_entropy(study: dict, path: str, window_steps: int = 5) -> str | None:
         ax.legend(fontsize=8)
     fig.suptitle("merge-active: entropy per step, mean over seeds (in brackets) with its 95% band", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    runfolder.save_figure(fig, path, dpi=100)  # never through a link planted at its name
     plt.close(fig)
     return path
 
@@ -505,14 +515,27 @@ def report(json_path: str = JSON, figures: str = FIGURES) -> None:
     print(f"[study_active] written to {figures}" + (f" (and {os.path.basename(figure)})" if figure else ""))
 
 
+OUTPUTS = ("regime.md", "sizing.md", "arms.md", "verdicts.md", "readings.json", "entropy.png")  # what report writes
+
+
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", default=JSON, help="the study's JSON")
+    """The command line: every bad input one line and exit code 2, before anything is read whole or written."""
+    parser = cli.Parser("study_active.py", description=__doc__)
+    parser.add_argument("--json", default=JSON, help="the study's JSON (block A; the further blocks' JSONs beside it, "
+                        "<name>-b.json, ..., are read with it)")
     parser.add_argument("--figures", default=FIGURES, help="where the tables and the figure go")
     args = parser.parse_args()
-    if not os.path.isfile(args.json):
-        parser.error(f"--json {args.json}: no such file")
-    report(args.json, args.figures)
+    json_path, figures = os.path.expanduser(args.json), os.path.expanduser(args.figures)
+    problem = cli.input_problem(json_path, "--json")
+    for i, path in enumerate(block_paths(json_path)):
+        problem = problem or study_problem(path, "--json" if i == 0 else f"--json's block {path[-6].upper()}")
+    problem = problem or cli.folder_problem(figures, "--figures")
+    taken = [name for name in OUTPUTS if os.path.isdir(os.path.join(figures, name))]
+    if taken:  # a folder at a table's name would stop the report after its work
+        problem = problem or f"--figures {cli.short(figures)}: {taken[0]} in it is a folder; move it aside"
+    if problem:
+        parser.error(problem)
+    cli.guard("study_active.py", report, json_path, figures)
 
 
 if __name__ == "__main__":

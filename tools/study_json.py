@@ -1,0 +1,86 @@
+"""A study's JSON, as tools/study.py writes it and tools/study_active.py reads it: {config: {seed: {"steps_done",
+"steps": [one row per step], ...}}}, beside keys that start with "_" and are not configurations. Both tools import
+it, so neither imports the other to read it.
+"""
+
+import os
+import textwrap
+
+from cegppo_utils.data import UserError
+from tools import cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Keys of the study's JSON that are not configurations: the warm start every run started from (its weights' hash,
+# models.weights_hash, and the machine that rebuilt it identically), and runs made by code since corrected, kept
+# for the record ({config: {seed: record with "superseded_because"}}) and never tabulated.
+WARM_START, SUPERSEDED = "_warm_start", "_superseded"
+WHAT = "a study's JSON"  # what a file given as one must be
+
+
+def para(text: str) -> str:
+    """A markdown paragraph wrapped at 120 characters, as the docs are."""
+    return textwrap.fill(text, 120, break_long_words=False, break_on_hyphens=False)
+
+
+def dedupe_steps(rows: list[dict]) -> list[dict]:
+    """Metrics rows with one row per step, the last one logged for it (a resume can log a step twice), in step
+    order; rows without a step are dropped."""
+    last = {}
+    for r in rows:
+        if isinstance(r.get("step"), int):
+            last[r["step"]] = r
+    return [last[s] for s in sorted(last)]
+
+
+def configurations(study: dict) -> dict:
+    """The study's configurations: its JSON without the warm start and the superseded runs."""
+    return {name: runs for name, runs in study.items() if not name.startswith("_")}
+
+
+def load_study(path: str, flag: str = "--json") -> dict:
+    """The study's JSON ({} where there is none yet), each run's steps read with one row per step (dedupe_steps); a
+    file that is not a study's JSON is a one-line UserError naming `flag` and the file (study_problem)."""
+    study = {}
+    if os.path.lexists(path):
+        study = cli.read_json(path, flag, what=WHAT)
+        shape = shape_problem(study)
+        if shape:
+            raise UserError(f"{flag} {cli.short(path)}: not {WHAT} ({shape})")
+    for runs in configurations(study).values():
+        for run in runs.values():
+            run["steps"] = dedupe_steps(run["steps"])
+    return study
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def shape_problem(study: dict) -> str | None:
+    """Where `study` does not have a study's shape (None if it does): every configuration an object of runs by seed,
+    every run an object with a whole steps_done and a list of rows as its steps, the warm start an object."""
+    if not isinstance(study.get(WARM_START, {}), dict):
+        return f"{WARM_START} is not an object"
+    for name, runs in configurations(study).items():
+        if not isinstance(runs, dict):
+            return f"configuration {cli.short(name, 60)} is not an object of runs by seed"
+        for seed, run in runs.items():
+            where = f"configuration {cli.short(name, 60)} seed {cli.short(seed, 20)}"
+            if not isinstance(run, dict) or not _whole(run.get("steps_done")):
+                return f"{where} is not a run's record (an object with a whole steps_done)"
+            if not isinstance(run.get("steps"), list) or not all(isinstance(r, dict) for r in run["steps"]):
+                return f"{where}: its steps are not a list of objects"
+    return None
+
+
+def study_problem(path: str, flag: str) -> str | None:
+    """Why `path` cannot be read as a study's JSON (None if it can, or if there is none yet): a folder, a FIFO, not
+    JSON, or not a study's shape; one line naming the flag and the file."""
+    if os.path.isdir(path):
+        return f"{flag} {cli.short(path)} is a folder; name the study's JSON file"
+    try:
+        load_study(path, flag)
+    except UserError as e:
+        return str(e)
+    return None

@@ -506,8 +506,9 @@ def _dppo_loss(t: Tokens, cfg: LossConfig, within_up, within_down):
 
     The paper's own code (sail-sg/Stable-RL, "dppo_binary_tv") and prime-rl's default loss take the divergence and the
     ratio against the sampler's log-probs; verl's dppo_tv / dppo_kl (verl-project/verl, core_algos.py) take them
-    against the recomputed old log-probs (Stable-RL's "..._recompute"), which this follows: pi_old here is the
-    trainer's own, and the sampler/trainer gap is the rollout correction's (--rollout-correction)."""
+    against the recomputed old log-probs, which this follows (Stable-RL's "..._recompute" variant takes only its mask
+    against them, its ratio still against the sampler's): pi_old here is the trainer's own, and the sampler/trainer gap
+    is the rollout correction's (--rollout-correction)."""
     ratio = torch.exp(t.log_ratio.detach())
     weight = ratio.clamp(max=cfg.clip_ratio_c) if cfg.clip_ratio_c else ratio
     masked = ~torch.where(t.adv > 0, within_up, within_down)  # as verl: a NaN divergence (p > 1) is not within
@@ -544,7 +545,9 @@ def gmpo_token_loss(t: Tokens, cfg: LossConfig):
       loss_i = -A_i * exp(mean_t log d~_t),  A_i the mean advantage over the response.
     The gradient on log pi(y_t) is -A_i exp(mean_t log d~_t) / |y_i| where the token is not clipped, 0 where it is.
     loss_i is put on each token of the response, so seq-mean-token-mean averages it over responses (as verl's
-    geo_mean, whose mean is per micro-batch; exact over the mini-batch here). verl divides by |y_i| + 1e-8 (here |y_i|)
+    geo_mean, whose mean is per micro-batch; exact over the mini-batch here); unlike verl's geo_mean, which ignores
+    loss_agg_mode, another --loss-agg-mode applies here. verl divides by |y_i| + 1e-8 (here |y_i|): a relative gap of
+    about (|mean_t log d| + 1) 1e-8 / |y_i| in the value (2.8e-5 absolute at log d = 6 on a loss of 403)
     and leaves log d unclamped (here clamped to +-20, as every loss here). The authors' example in verl (their
     official implementation, examples/gmpo_trainer) clips at (e^-0.4, e^0.4); they advise less for MoE models.
     A rollout correction's per-token weights w_t enter as verl's: their geometric mean over the response,
@@ -750,7 +753,8 @@ ALGORITHMS = {
         dynamic_clip=False, proportional_to_advantage=True, needs_entropy=True, regions=CLIPPED_REGIONS,
         diagnostics=ERC_BAND + DUAL_CLIP),
     # DPPO: verl's example script (examples/dppo_trainer): TV bound 0.15, KL bound 0.05, seq-mean-token-sum-norm, and
-    # a truncation cap of 10000 that never binds (paper §5.4: a large one); none here (clip_ratio_c 0), as prime-rl
+    # a truncation cap of 10000 (paper §5.4: a large one), which binds only on rare tokens (p_old 1e-6 -> p 0.05 stays
+    # unmasked with d = 5e4); none here (clip_ratio_c 0), as prime-rl
     "dppo_tv": Algorithm(
         dppo_tv_token_loss,
         dict(clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-sum-norm", dppo_mask_low=0.15, dppo_mask_high=0.15),
@@ -1093,38 +1097,74 @@ BETA_CAP = "it scales the loss's gradient; the paper uses 0.5 to 1"  # beta1, be
 class LossConfig:
     """Every hyperparameter of the objectives. Each field is also a train.py flag (--eps-low, ...), checked by its rule.
     An algorithm reads only the fields its token loss uses; its own defaults are in ALGORITHMS[algo].defaults."""
-    algo: str = option("ce_gppo", Rule(choices=ALGORITHMS))  # the objective: one of loss.ALGORITHMS (README's table of the family)
-    eps_low: float = option(0.2, Rule(0, 1, low_open=True))  # lower clip range: the interval is [1 - eps_low, 1 + eps_high]; 1 = no lower bound
+    algo: str = option("ce_gppo", Rule(choices=ALGORITHMS))  # the objective: one of loss.ALGORITHMS
+                                                             # (README's table of the family)
+    eps_low: float = option(0.2, Rule(0, 1, low_open=True))  # lower clip range: the interval is
+                                                             # [1 - eps_low, 1 + eps_high]; 1 = no lower bound
     eps_high: float = option(0.2, Rule(0, low_open=True))  # upper clip range
-    beta1: float = option(0.5, Rule(0, cap=100, cap_says=BETA_CAP))  # CE-GPPO gradient scale on the left boundary (d < 1-eps, A < 0); larger lowers entropy
-    beta2: float = option(1.0, Rule(0, cap=100, cap_says=BETA_CAP))  # CE-GPPO gradient scale on the right boundary (d > 1+eps, A > 0); larger keeps entropy up
-    clip_ratio_c: float = option(10.0, Rule(0))  # dual-clip bound for A < 0 (official scripts: 10); 0 disables; DPPO: the cap on its detached ratio (verl's truncation)
+    beta1: float = option(0.5, Rule(0, cap=100, cap_says=BETA_CAP))  # CE-GPPO gradient scale on the left boundary
+                                                                     # (d < 1-eps, A < 0); larger lowers entropy
+    beta2: float = option(1.0, Rule(0, cap=100, cap_says=BETA_CAP))  # CE-GPPO gradient scale on the right boundary
+                                                                     # (d > 1+eps, A > 0); larger keeps entropy up
+    clip_ratio_c: float = option(10.0, Rule(0))  # dual-clip bound for A < 0 (official scripts: 10); 0 disables;
+                                                 # DPPO: the cap on its detached ratio (verl's truncation)
     loss_agg_mode: str = option("token-mean", Rule(choices=LOSS_AGG_MODES))  # how token losses become one number
-    norm_len: int = option(0, Rule(0, integer=True))  # seq-mean-token-sum-norm's constant length (Dr. GRPO); 0 = the max response length
-    entropy_coef: float = option(0.0, Rule(0))  # entropy bonus: loss -= coef * mean token entropy (paper §4 baseline: 0.001, 0.003)
-    positive_lm_coef: float = option(0.0, Rule(0))  # weight of the NLL on correct responses (official scripts: 0.1; not in the paper)
-    dynamic_clip: str = option("none", Rule(choices=DYNAMIC_CLIPS))  # probability-dependent clip schedule (arXiv 2602.09782)
-    od_initial_entropy: float = option(0.5, Rule(0))  # --dynamic-clip od: H_init in nats, its floor 0.2 H_init (public FlexEC defaults: 0.5; the paper: the initial entropy); 0 = the first step's measured mean entropy
-    tau_pos: float = option(1.0, Rule(0, low_open=True))  # SAPO gate temperature for A > 0 (SAPO paper, verl tau_pos, TRL sapo_temperature_pos: 1.0)
-    tau_neg: float = option(1.05, Rule(0, low_open=True))  # SAPO gate temperature for A <= 0 (SAPO paper, verl tau_neg, TRL sapo_temperature_neg: 1.05)
-    clip_cov_ratio: float = option(2e-4, Rule(0, 1, low_open=True))  # Clip-Cov: share of a call's tokens whose gradient is stopped (arXiv 2505.22617 §5, verl: 2e-4)
-    clip_cov_lb: float = option(1.0, Rule(0))  # Clip-Cov: only tokens with covariance in (lb, ub) are candidates (paper, verl: 1)
+    norm_len: int = option(0, Rule(0, integer=True))  # seq-mean-token-sum-norm's constant length
+                                                      # (Dr. GRPO); 0 = the max response length
+    entropy_coef: float = option(0.0, Rule(0))  # entropy bonus: loss -= coef * mean token
+                                                # entropy (paper §4 baseline: 0.001, 0.003)
+    positive_lm_coef: float = option(0.0, Rule(0))  # weight of the NLL on correct responses
+                                                    # (official scripts: 0.1; not in the paper)
+    dynamic_clip: str = option("none", Rule(choices=DYNAMIC_CLIPS))  # probability-dependent clip
+                                                                     # schedule (arXiv 2602.09782)
+    od_initial_entropy: float = option(0.5, Rule(0))  # --dynamic-clip od: H_init in nats, its floor 0.2 H_init
+                                                      # (public FlexEC defaults: 0.5; the paper: the initial
+                                                      # entropy); 0 = the first step's measured mean entropy
+    tau_pos: float = option(1.0, Rule(0, low_open=True))  # SAPO gate temperature for A > 0 (SAPO paper,
+                                                          # verl tau_pos, TRL sapo_temperature_pos: 1.0)
+    tau_neg: float = option(1.05, Rule(0, low_open=True))  # SAPO gate temperature for A <= 0 (SAPO paper,
+                                                           # verl tau_neg, TRL sapo_temperature_neg: 1.05)
+    clip_cov_ratio: float = option(2e-4, Rule(0, 1, low_open=True))  # Clip-Cov: share of a call's tokens whose gradient
+                                                                     # is stopped (arXiv 2505.22617 §5, verl: 2e-4)
+    clip_cov_lb: float = option(1.0, Rule(0))  # Clip-Cov: only tokens with covariance in
+                                               # (lb, ub) are candidates (paper, verl: 1)
     clip_cov_ub: float = option(5.0, Rule(0))  # Clip-Cov: upper covariance bound (paper, verl: 5)
-    kl_cov_ratio: float = option(2e-3, Rule(0, 1, low_open=True))  # KL-Cov: share of a call's tokens with the largest covariance that get the KL term (paper 7B run: 2e-3; verl default 2e-4)
-    kl_cov_coef: float = option(1.0, Rule(0))  # KL-Cov: weight of |log d| on those tokens (paper: 1; verl's yaml default 0.1)
-    top_entropy_quantile: float = option(1.0, Rule(0, 1, low_open=True))  # rho: train only on the top-rho share of tokens by entropy (arXiv 2506.01939 recommends 0.2; TRL top_entropy_quantile); 1 = all
-    kl_coef: float = option(0.0, Rule(0))  # KL penalty to the frozen initial model (GRPO paper: 0.04; verl kl_loss_coef 0.001; official CE-GPPO scripts: none); 0 = no reference model
-    kl_estimator: str = option("k3", Rule(choices=KL_ESTIMATORS))  # k1 log(pi/ref), k2 (log(pi/ref))^2 / 2, k3 ref/pi - log(ref/pi) - 1 (GRPO Eq. 4; verl low_var_kl)
-    adaptive_entropy: bool = option(False, Rule(choices=SWITCH))  # Skywork-OR1 adaptive entropy control: entropy_coef becomes the controller's start value (TRL use_adaptive_entropy)
-    entropy_target: float = option(0.2, Rule(0, low_open=True))  # adaptive entropy: target mean token entropy in nats (Skywork-OR1 tgt-ent 0.2; TRL entropy_target 0.2)
-    entropy_coef_delta: float = option(0.005, Rule(0, low_open=True))  # adaptive entropy: step of the coefficient per training step (Skywork-OR1, TRL entropy_coef_delta: 0.005)
-    entropy_coef_min: float = option(0.0, Rule(0))  # adaptive entropy: lower bound of the coefficient (TRL entropy_coef_min: 0)
-    entropy_coef_max: float = option(1.0, Rule(0))  # adaptive entropy: upper bound of the coefficient (TRL entropy_coef_max: 1)
-    erc_low: float = option(0.95, Rule(0, 1, high_open=True))  # ERC: no gradient where H / H_old <= erc_low (the authors' scripts: 0.95)
-    erc_high: float = option(1.05, Rule(1, low_open=True))  # ERC: no gradient where H / H_old >= erc_high (the authors' scripts: 1.05)
-    dppo_mask_low: float = option(0.15, Rule(0))  # DPPO: mask A <= 0 tokens whose probability fell past this divergence (verl: TV 0.15, KL 0.05)
-    dppo_mask_high: float = option(0.15, Rule(0))  # DPPO: mask A > 0 tokens whose probability rose past this divergence (verl: TV 0.15, KL 0.05)
-    m2_threshold: float = option(0.04, Rule(0, low_open=True))  # M2PO: mask the largest (log d)^2 until the rest's mean is below this (paper, AReaL: 0.04)
+    kl_cov_ratio: float = option(2e-3, Rule(0, 1, low_open=True))  # KL-Cov: share of a call's tokens with the
+                                                                   # largest covariance that get the KL term
+                                                                   # (paper 7B run: 2e-3; verl default 2e-4)
+    kl_cov_coef: float = option(1.0, Rule(0))  # KL-Cov: weight of |log d| on those tokens
+                                               # (paper: 1; verl's yaml default 0.1)
+    top_entropy_quantile: float = option(1.0, Rule(0, 1, low_open=True))  # rho: train only on the top-rho
+                                                                          # share of tokens by entropy (arXiv
+                                                                          # 2506.01939 recommends 0.2; TRL
+                                                                          # top_entropy_quantile); 1 = all
+    kl_coef: float = option(0.0, Rule(0))  # KL penalty to the frozen initial model (GRPO paper: 0.04; verl kl_loss_coef
+                                           # 0.001; official CE-GPPO scripts: none); 0 = no reference model
+    kl_estimator: str = option("k3", Rule(choices=KL_ESTIMATORS))  # k1 log(pi/ref), k2 (log(pi/ref))^2 / 2,
+                                                                   # k3 ref/pi - log(ref/pi) - 1 (GRPO Eq. 4; verl
+                                                                   # low_var_kl)
+    adaptive_entropy: bool = option(False, Rule(choices=SWITCH))  # Skywork-OR1 adaptive entropy control:
+                                                                  # entropy_coef becomes the controller's
+                                                                  # start value (TRL use_adaptive_entropy)
+    entropy_target: float = option(0.2, Rule(0, low_open=True))  # adaptive entropy: target mean token entropy in nats
+                                                                 # (Skywork-OR1 tgt-ent 0.2; TRL entropy_target 0.2)
+    entropy_coef_delta: float = option(0.005, Rule(0, low_open=True))  # adaptive entropy: step of the coefficient
+                                                                       # per training step (Skywork-OR1, TRL
+                                                                       # entropy_coef_delta: 0.005)
+    entropy_coef_min: float = option(0.0, Rule(0))  # adaptive entropy: lower bound of the
+                                                    # coefficient (TRL entropy_coef_min: 0)
+    entropy_coef_max: float = option(1.0, Rule(0))  # adaptive entropy: upper bound of the
+                                                    # coefficient (TRL entropy_coef_max: 1)
+    erc_low: float = option(0.95, Rule(0, 1, high_open=True))  # ERC: no gradient where H / H_old <=
+                                                               # erc_low (the authors' scripts: 0.95)
+    erc_high: float = option(1.05, Rule(1, low_open=True))  # ERC: no gradient where H / H_old >=
+                                                            # erc_high (the authors' scripts: 1.05)
+    dppo_mask_low: float = option(0.15, Rule(0))  # DPPO: mask A <= 0 tokens whose probability fell
+                                                  # past this divergence (verl: TV 0.15, KL 0.05)
+    dppo_mask_high: float = option(0.15, Rule(0))  # DPPO: mask A > 0 tokens whose probability rose
+                                                   # past this divergence (verl: TV 0.15, KL 0.05)
+    m2_threshold: float = option(0.04, Rule(0, low_open=True))  # M2PO: mask the largest (log d)^2 until the
+                                                                # rest's mean is below this (paper, AReaL: 0.04)
 
 
 def loss_config(algo: str = "ce_gppo", **overrides) -> LossConfig:

@@ -3,10 +3,13 @@ score wrong within the deadline, hard kills, balanced scheduling, and the <think
 
 import faulthandler
 import fractions
+import functools
 import math
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -371,6 +374,25 @@ def test_stuck_worker_is_killed_and_replaced_and_the_pool_keeps_scoring(fast_poo
     assert stats["restarts"] == stats["timeouts"] == 0
 
 
+def in_a_fresh_process(test):
+    """Runs the test in a new pytest process, that holds only what the test imports. A worker started with fork
+    copies the forking process, and in the suite's process that is one that earlier tests filled with torch's and
+    pyarrow's threads: there the forked workers died at start-up (exit code -11) in 5 of these tests, and only after
+    other tests had run in the same process. The pool itself forks from a fork server that imported math_verify and
+    reward alone; these tests, which fork to hand the workers a patched judge, fork from a process as clean."""
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        if os.environ.get("REWARD_TEST_FRESH") == "1":
+            return test(*args, **kwargs)
+        node = os.environ["PYTEST_CURRENT_TEST"].rsplit(" (", 1)[0]
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", node], cwd=ROOT,
+                              env={**os.environ, "REWARD_TEST_FRESH": "1"}, capture_output=True, text=True,
+                              timeout=300)
+        if done.returncode != 0:
+            pytest.fail(f"{node} in a fresh process:\n{done.stdout[-6000:]}{done.stderr[-3000:]}", pytrace=False)
+    return run
+
+
 def crashing_judge(marker, always):
     """A judge that kills its worker (SIGSEGV) on responses starting "crash": every time, or the first time only."""
     real = reward.judge
@@ -385,6 +407,7 @@ def crashing_judge(marker, always):
 
 
 @pytest.mark.parametrize("always", [False, True])
+@in_a_fresh_process
 def test_an_item_whose_worker_crashes_is_retried_once_then_counts_as_an_error(tmp_path, monkeypatch, always):
     # The fork start method lets the workers inherit the patched judge.
     monkeypatch.setattr(reward, "judge", crashing_judge(tmp_path / "crashed", always))
@@ -439,6 +462,7 @@ def judge_that_kills_starting_workers(tokens, deaths):
     return judge
 
 
+@in_a_fresh_process
 def test_workers_killed_while_starting_are_replaced(tmp_path, monkeypatch):
     monkeypatch.setattr(reward, "judge", judge_that_kills_starting_workers(tmp_path, 3))
     with reward.RewardPool(workers=2, deadline=60.0, start_method="fork") as pool:
@@ -450,6 +474,7 @@ def test_workers_killed_while_starting_are_replaced(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("deaths, exit_code", [("always", -signal.SIGKILL), ("error", 1)])
+@in_a_fresh_process
 def test_a_worker_that_cannot_start_raises_a_clear_error(tmp_path, monkeypatch, deaths, exit_code):
     # Every start dies, or the warm-up raises (a broken math-verify): retrying cannot help, so the call says so.
     monkeypatch.setattr(reward, "judge", judge_that_kills_starting_workers(tmp_path, deaths))
@@ -459,6 +484,7 @@ def test_a_worker_that_cannot_start_raises_a_clear_error(tmp_path, monkeypatch, 
             pool.score_batch([r"\boxed{2}"], [2])
 
 
+@in_a_fresh_process
 def test_a_worker_whose_start_up_never_finishes_raises_a_clear_error(monkeypatch):
     real = reward.judge
 

@@ -1,0 +1,111 @@
+"""tools/study_collapse.py: the third study's endpoint, tests and pages, on hand-made runs whose answers are known."""
+
+import json
+
+import pytest
+
+from tools import study_collapse as SC
+from tools.stats import exact_trend, fisher_exact
+
+
+def run(acc, final=0.8, entropy=0.2, evidence=None, trained=None):
+    """A run record as tools/study.py writes it: step 0's evaluation, 200 steps of training accuracy `acc(step)`,
+    final avg@8 `final`; entropy logged only on steps that trained (trained(step), default all)."""
+    steps = [{"step": 0, "eval_acc": 0.4}]
+    for s in range(1, SC.STEPS + 1):
+        row = {"step": s, "acc_mean": acc(s), "reward_mean": 2 * acc(s) - 1}
+        if trained is None or trained(s):
+            row.update(entropy=entropy, **(evidence or {}))
+        steps.append(row)
+    steps[-1]["eval_acc"] = final
+    return {"steps_done": SC.STEPS, "steps": steps, "model_sha256": "abc"}
+
+
+def test_onset_is_the_first_10_step_window_below_5_percent_from_step_11():
+    """Accuracy 1.0 outside the dips, so a window that takes in one such step averages at least 10%."""
+    assert SC.onset(run(lambda s: 1.0)) is None
+    assert SC.onset(run(lambda s: 0.0 if s >= 40 else 1.0)) == 40
+    # a dip of 9 steps is no window of 10; one of 10 is
+    assert SC.onset(run(lambda s: 0.0 if 50 <= s < 59 else 1.0)) is None
+    assert SC.onset(run(lambda s: 0.0 if 50 <= s < 60 else 1.0)) == 50
+    # before step 11 it does not count (the warm start's first steps), and a window must lie inside the run
+    assert SC.onset(run(lambda s: 0.0 if s <= 12 else 1.0)) is None
+    assert SC.onset(run(lambda s: 0.0 if s > 191 else 1.0)) is None
+    # the mean decides: 0.04 for 10 steps collapses, 0.06 does not; a window reaching back over one step of 0.3
+    # still averages below 5% (0.03): the onset is the window's first step
+    assert SC.onset(run(lambda s: 0.04 if s >= 100 else 1.0)) == 100
+    assert SC.onset(run(lambda s: 0.06 if s >= 100 else 1.0)) is None
+    assert SC.onset(run(lambda s: 0.0 if s >= 40 else 0.3)) == 39
+    # by the final avg@8 alone: onset 200
+    assert SC.onset(run(lambda s: 1.0, final=0.09)) == SC.STEPS
+
+
+def test_family_tests_and_verdicts(tmp_path):
+    """5 of 5 collapsed against 0 of 5: Fisher p 0.0079, holds after Holm over a family of three; 4 of 5 against 0 of 5:
+    p 0.048, holds uncorrected only; unfinished runs are left out."""
+    collapsed, healthy = run(lambda s: 0.0 if s >= 30 else 1.0, final=0.02), run(lambda s: 0.4)
+    study = {"_warm_start": {"sha256": "abc"},
+             "ppo_clip_tm": {str(s): healthy for s in range(5)},
+             "ce_gppo_1_1": {str(s): collapsed for s in range(5)},
+             "ce_gppo_0.5_1": {**{str(s): collapsed for s in range(4)}, "4": healthy},
+             "ce_gppo_0_1": {**{str(s): healthy for s in range(5)}, "5": {**collapsed, "steps_done": 120}}}
+    rows = {r["arm"]: r for r in SC.family_rows(study, SC.FAMILIES[0][1])}
+    assert (rows["ce_gppo_1_1"]["a"], rows["ce_gppo_1_1"]["n1"]) == (5, 5)
+    assert rows["ce_gppo_1_1"]["p"] == pytest.approx(fisher_exact(5, 5, 0, 5)) == pytest.approx(1 / 126)
+    assert rows["ce_gppo_1_1"]["verdict"] == "holds" and rows["ce_gppo_1_1"]["holm"] == pytest.approx(3 / 126)
+    assert rows["ce_gppo_0.5_1"]["p"] == pytest.approx(10 / 210) and rows["ce_gppo_0.5_1"]["verdict"] == \
+        "holds uncorrected only"
+    assert rows["ce_gppo_0_1"]["n1"] == 5 and rows["ce_gppo_0_1"]["verdict"] == "not shown"  # the unfinished one out
+    dose = SC.dose(study)
+    assert dose["arms"] == [(0.0, 5, 0), (0.5, 5, 4), (1.0, 5, 5)]
+    assert dose["trend_p"] == pytest.approx(exact_trend(dose["arms"])) and dose["smallest_collapsing_beta1"] == 0.5
+    assert dose["onset_rho"] < -0.5  # a larger beta1, an earlier onset (runs that did not collapse ranked last)
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps(study))
+    SC.report(str(path), str(tmp_path / "pages"))
+    verdicts = (tmp_path / "pages" / "verdicts.md").read_text()
+    assert "| `ce_gppo_1_1` | 5 of 5 | `ppo_clip_tm` | 0 of 5 | 0.00794 | 0.0238 | holds |" in verdicts
+    assert (tmp_path / "pages" / "curves.png").stat().st_size > 10_000
+    arms = (tmp_path / "pages" / "arms.md").read_text()
+    assert "| `ce_gppo_0.5_1` | 5 | 4 | 30, 30, 30, 30, - |" in arms
+
+
+def test_trend_and_fisher_by_hand():
+    """The exact tests against values counted by hand: Fisher's 1 of 5 against 0 of 7 (the second study's (0, 1)
+    against GRPO) is p = 5/12; a trend over two arms is Fisher's test of them."""
+    assert fisher_exact(1, 5, 0, 7) == pytest.approx(5 / 12)
+    assert exact_trend([(0, 5, 0), (1, 5, 5)]) == pytest.approx(fisher_exact(5, 5, 0, 5))
+    assert exact_trend([(0, 5, 1), (1, 5, 1)]) == pytest.approx(1.0)
+
+
+def test_entropy_before_the_pairs_collapse_and_the_token_table():
+    """The secondary endpoint reads each run's entropy before the pair's earlier onset; the token table splits runs by
+    collapse and averages the evidence over the steps before each run's onset."""
+    late = run(lambda s: 0.0 if s >= 100 else 0.3, final=0.0, entropy=0.3,
+               evidence={"low_neg_eos_share": 0.5, "clip_frac_low_neg": 0.01})
+    healthy = run(lambda s: 0.4, entropy=0.1, evidence={"low_neg_eos_share": 0.0, "clip_frac_low_neg": 0.002})
+    study = {"a": {"1": late, "2": late}, "b": {"1": healthy, "2": healthy}}
+    e = SC.entropy_contrast(study, "a", "b")
+    assert e["n"] == 2 and e["mean"] == pytest.approx(0.2)
+    rows = SC.composition(study, ["a", "b"])
+    got = {(r["arm"], r["status"], r["window"]): r for r in rows}
+    assert got[("a", "collapsed", "before onset")]["low_neg_eos_share"] == pytest.approx(0.5)
+    assert got[("b", "did not collapse", "steps 1-10")]["low_neg_share"] == pytest.approx(0.002)
+    idle = run(lambda s: 0.0 if s >= 100 else 0.3, final=0.0, trained=lambda s: s < 150)
+    assert SC.entropy_before(idle, None) == pytest.approx(0.2)  # over the steps that logged it
+
+
+@pytest.mark.parametrize("content, says", [(None, "no such file"), ("{", "not a study's JSON"),
+                                           ('{"grpo": {"10": {"steps_done": 200}}}', "grpo is not {seed: run record")])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, content, says):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    path = tmp_path / "study.json"
+    if content is not None:
+        path.write_text(content)
+    out = subprocess.run([sys.executable, "-m", "tools.study_collapse", "--json", str(path), "--figures",
+                          str(tmp_path / "pages")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and says in out.stderr, out.stderr
+    assert not (tmp_path / "pages" / "verdicts.md").exists()

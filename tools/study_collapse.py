@@ -41,7 +41,7 @@ FAMILIES = [
                                 ("ce_gppo_0.5_1_recipe", "ppo_clip_tm_recipe")]),
     ("5. optimizer steps per batch", [("ce_gppo_0.5_1_u4", "ppo_clip_tm_u4"), ("ce_gppo_0.5_1_u2", "ppo_clip_tm_u2")]),
 ]
-REGIONS = {"low_neg": "beta1 region", "high_pos": "beta2 region", "inside": "inside the interval"}
+REGIONS = {"low_neg": "the beta1 region", "high_pos": "the beta2 region", "inside": "the tokens inside the interval"}
 EVIDENCE = ("eos_share", "late_share", "old_logp_mean", "ratio_p10", "ratio_p50")
 SHARES = {"low_neg": "clip_frac_low_neg", "high_pos": "clip_frac_high_pos"}
 
@@ -260,7 +260,7 @@ def tokens_page(study: dict, arms) -> str:
            "last 10% of the response; `logp` the mean log pi_old; `d p10`, `d p50` percentiles of the ratio; `share` "
            "the region's share of all trained tokens. Shown, not judged.", ""]
     for region, label in REGIONS.items():
-        out += [f"## The {label} (`{region}`)", "",
+        out += [f"## {label[0].upper() + label[1:]} (`{region}`)", "",
                 "| arm | runs | window | share | eos | late | logp | d p10 | d p50 |",
                 "|---|---|---|---|---|---|---|---|---|"]
         for r in composition(study, arms):

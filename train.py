@@ -626,7 +626,7 @@ def load_policy(args, model_path, device, prompts):
         if D.is_main():
             print(f"Liger kernels: {kernels}")
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        models.enable_checkpointing(model, selective=args.selective_checkpointing)
     model = D.place_model(model, args.precision, device)  # bf16: FSDP2's mixed precision, one process or many
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)

@@ -36,6 +36,8 @@ class Args:
     precision: str = L.option("fp32", L.Rule(choices=("bf16", "fp32")))  # bf16 (FSDP2 mixed precision: bf16
                                                                          # compute, fp32 master weights) | fp32
     gradient_checkpointing: bool = False  # recompute activations in backward to save memory
+    selective_checkpointing: bool = False  # with --gradient-checkpointing: keep the matrix products' and attention's
+                                           # outputs, recompute only the elementwise ops (models.enable_checkpointing)
     fused_logprobs: bool = True  # log-probs straight from hidden states, one chunk of logits at a time (logprobs.py)
     liger_kernels: bool = True  # on CUDA: Liger's Triton RMSNorm, RoPE and SwiGLU in the
                                 # trained model (models.use_liger); no effect on a CPU
@@ -299,6 +301,7 @@ MODE_OPTIONS = {
     "norm_len": (lambda a: a.loss.loss_agg_mode == "seq-mean-token-sum-norm",
                  "--loss-agg-mode seq-mean-token-sum-norm"),
     "micro_batch_size": (lambda a: not a.micro_batch_tokens, "padded micro-batches (--micro-batch-tokens 0)"),
+    "selective_checkpointing": (lambda a: a.gradient_checkpointing, "--gradient-checkpointing"),
 }
 
 

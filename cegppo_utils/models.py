@@ -92,3 +92,28 @@ def use_liger(model, device) -> str:
     takes = inspect.signature(apply).parameters
     apply(model=model, **{name: on for name, on in LIGER_PATCHES.items() if name in takes})
     return "on: " + ", ".join(name for name in ("rms_norm", "rope", "swiglu") if LIGER_PATCHES[name] and name in takes)
+
+
+# Selective activation checkpointing: what a checkpointed decoder layer keeps from its forward for the backward. Full
+# checkpointing keeps only the layer's input and runs the whole forward again in the backward: every GEMM twice. The
+# selective policy keeps the outputs of the matrix products and of attention (the expensive ops) and recomputes the
+# rest (norms, rotary, SiLU x mul, casts, adds: cheap elementwise work), at the memory of those kept outputs.
+def _saved_by_selective(op) -> bool:
+    name = str(op.overloadpacket.__name__) if hasattr(op, "overloadpacket") else str(op)
+    return name in ("mm", "addmm", "bmm", "matmul", "linear") or "attention" in name or "attn" in name
+
+
+def enable_checkpointing(model, selective: bool = False):
+    """Gradient checkpointing of every decoder layer (transformers' own, non-reentrant); selective: keep the matrix
+    products' and attention's outputs and recompute only the elementwise ops in the backward
+    (torch.utils.checkpoint's selective policy), so no GEMM runs twice, for more memory than full checkpointing."""
+    kwargs = {"use_reentrant": False}
+    if selective:
+        import functools
+
+        from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+        def policy(ctx, op, *args, **kw):
+            return CheckpointPolicy.MUST_SAVE if _saved_by_selective(op) else CheckpointPolicy.PREFER_RECOMPUTE
+        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policy)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

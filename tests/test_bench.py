@@ -199,8 +199,13 @@ def test_update_levers_measure_what_they_name(monkeypatch):
     try:
         out = bench.bench_update_throughput("cpu", sequences=2, median=20, cap=30, budget=200, repeats=1, config=shape,
                                             draws=("long_tailed",), weights="bf16", layouts=("packed",))
+        selective = bench.bench_update_throughput("cpu", sequences=2, median=20, cap=30, budget=200, repeats=1,
+                                                  config=shape, draws=("long_tailed",), weights="bf16",
+                                                  checkpointing="selective", layouts=("packed",))
     finally:
         if dist.is_initialized():  # the group of one FSDP2 needed in this process
             dist.destroy_process_group()
     assert out["precision"].startswith("bf16: FSDP2") and "long_tailed_padded_s" not in out
+    assert selective["gradient_checkpointing"] == "selective" and selective["long_tailed_packed_tokens_per_s"] > 0
+    assert [name for name, _ in bench.UPDATE_LEVERS if "selective" in name]  # measured beside full and none on a GPU
     assert seen and set(seen) == {(bench.torch.bfloat16,) * 3}

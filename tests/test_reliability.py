@@ -760,13 +760,15 @@ def test_an_option_nothing_reads_is_refused_by_one_rule(capsys):
             (["--norm-len", "10"], "--norm-len is read only with --loss-agg-mode seq-mean-token-sum-norm"),
             (["--micro-batch-tokens", "512", "--micro-batch-size", "8"],
              "--micro-batch-size is read only with padded micro-batches (--micro-batch-tokens 0)"),
+            (["--selective-checkpointing"], "--selective-checkpointing is read only with --gradient-checkpointing"),
             (["--algo", "cispo", "--dynamic-clip", "id"], "--dynamic-clip does not apply to cispo")):
         assert said in refusal_line(argv, capsys), argv
     for argv in (["--algo", "gppo_erc", "--erc-low", "0.9"], ["--rollout-correction", "token-icepop",
                                                               "--icepop-low", "0.3"],
                  ["--adaptive-entropy", "--entropy-target", "0.3"], ["--kl-coef", "0.01", "--kl-estimator", "k2"],
                  ["--dynamic-clip", "od", "--od-initial-entropy", "0"],
-                 ["--algo", "dppo_tv", "--norm-len", "10"], ["--micro-batch-size", "8"]):
+                 ["--algo", "dppo_tv", "--norm-len", "10"], ["--micro-batch-size", "8"],
+                 ["--gradient-checkpointing", "--selective-checkpointing"]):
         parse_train_args(argv)
 
 

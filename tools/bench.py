@@ -420,7 +420,7 @@ def update_model(config, device, attn="preset", weights="fp32", liger=False, che
     train.load_policy runs: attention.use) or a transformers attn_implementation; weights: "fp32" (moved whole: fp32
     compute, or bf16 autocast over fp32 weights) or "bf16" (train.py's --precision bf16: FSDP2's mixed precision, bf16
     compute copies of fp32 master weights); liger: Liger's kernels (models.use_liger, CUDA only); gradient
-    checkpointing as given (the GPU presets': on)."""
+    checkpointing: True (full, the GPU presets'), "selective" (models.enable_checkpointing) or False."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from cegppo_utils import attention, models
@@ -435,7 +435,7 @@ def update_model(config, device, attn="preset", weights="fp32", liger=False, che
     if liger:
         models.use_liger(model, device)
     if checkpointing:
-        model.gradient_checkpointing_enable()
+        models.enable_checkpointing(model, selective=checkpointing == "selective")
     model = D.place_model(model, weights, device) if weights == "bf16" else model
     return model.train()
 
@@ -565,10 +565,13 @@ def bench_update_throughput(device="cpu", sequences=16, median=None, cap=None, b
 
 # The one-GPU update's levers, each on and off in one call: how the weights compute (bf16 autocast over fp32 weights,
 # as one process ran before; FSDP2's bf16 compute copies of fp32 masters, as train.py runs --precision bf16 now),
-# Liger's kernels, gradient checkpointing (off: packed rows only, the padded micro-batch of 4 does not fit).
+# Liger's kernels, gradient checkpointing: full, selective (no GEMM recomputed) or off (packed rows only: the padded
+# micro-batch of 4 does not fit).
 UPDATE_LEVERS = (("fp32 weights, bf16 autocast", dict(weights="fp32", liger=False)),
                  ("FSDP2 bf16", dict(weights="bf16", liger=False)),
                  ("FSDP2 bf16 + Liger (the preset's path)", dict(weights="bf16", liger=True)),
+                 ("FSDP2 bf16 + Liger, selective checkpointing", dict(weights="bf16", liger=True,
+                                                                      checkpointing="selective")),
                  ("FSDP2 bf16 + Liger, no checkpointing", dict(weights="bf16", liger=True, checkpointing=False,
                                                                layouts=("packed",))))
 

@@ -381,13 +381,16 @@ def main(argv=None):
 
 def check_output(output, default=False):
     """--output names a file that can be written, found now, not after every benchmark has been sampled. The default
-    one's folder (runs/eval) is created."""
+    one's folder (runs/eval) is made with the first results (write_json), so a run refused before then leaves no
+    folder: here its nearest existing parent must be a folder that can be written."""
     out_dir = os.path.dirname(os.path.abspath(output))
     if default and not os.path.lexists(out_dir):
-        try:
-            os.makedirs(out_dir)
-        except OSError as e:
-            raise UserError(f"--output {output}: cannot create {out_dir} ({e.strerror})") from None
+        parent = out_dir
+        while not os.path.lexists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+            raise UserError(f"--output {output}: cannot create {out_dir} ({parent} cannot be written)")
+        return
     if os.path.isdir(output):
         raise UserError(f"--output {output} is a folder; name a file, e.g. {os.path.join(output, 'results.json')}")
     if os.path.lexists(output) and not os.path.isfile(output):
@@ -460,6 +463,7 @@ def weights_dtype(model_path) -> str:
 def write_json(path, obj):
     """The results, whole or not at all, never written through a link planted at a temporary name."""
     from cegppo_utils import runfolder as RF
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # the default runs/eval (check_output)
     RF.write_text_atomically(path, json.dumps(obj, indent=1))
 
 

@@ -621,6 +621,11 @@ def test_evaluate_help_says_each_default_once_and_results_go_to_runs_eval(tmp_pa
     monkeypatch.chdir(tmp_path)
     args = evaluate.parse_args(["--model", "runs/my run/final", "--benchmarks", "aime24,amc23"])
     assert args.output == os.path.join("runs", "eval", "runs-my-run-final-aime24-amc23.json")
-    evaluate.check_output(args.output, default=args.output_is_default)  # its folder is made; not the repository root
-    assert os.path.isdir(tmp_path / "runs" / "eval") and not os.path.exists(tmp_path / "results.json")
+    evaluate.check_output(args.output, default=args.output_is_default)  # passes, and makes nothing yet: a run refused
+    assert not os.path.exists(tmp_path / "runs")                           # after it leaves no folder behind
+    evaluate.write_json(args.output, {"benchmarks": {}})  # the first results make runs/eval; not the repository root
+    assert os.path.isfile(tmp_path / args.output) and not os.path.exists(tmp_path / "results.json")
+    (tmp_path / "a-file").write_text("")  # a parent that cannot hold the folder is refused before anything runs
+    with pytest.raises(evaluate.UserError, match="cannot create .*a-file cannot be written"):
+        evaluate.check_output(os.path.join("a-file", "eval", "x.json"), default=True)
     assert evaluate.parse_args(["--model", "tiny", "--benchmarks", "arith"]).output == "runs/eval/tiny-arith.json"

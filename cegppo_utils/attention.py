@@ -82,10 +82,19 @@ def sdpa_per_sequence(q, k, v, lay: Layout, scale):
     out, start = [], 0
     for n in lay.lengths:
         part = [x[start:start + n].transpose(0, 1).unsqueeze(0) for x in (q, k, v)]  # [1, heads, n, head_dim]
-        out.append(F.scaled_dot_product_attention(*part, is_causal=True, scale=scale,
-                                                  enable_gqa=k.shape[1] != q.shape[1])[0].transpose(0, 1))
+        out.append(sdpa(*part, is_causal=True, scale=scale, enable_gqa=k.shape[1] != q.shape[1])[0].transpose(0, 1))
         start += n
     return torch.cat(out) if len(out) > 1 else out[0]
+
+
+def sdpa(q, k, v, **options):
+    """F.scaled_dot_product_attention, except for bf16 on a CPU whose kernels are not AVX-512 (an AVX2-only CPU, or
+    ATEN_CPU_CAPABILITY=avx2/default): there torch's CPU flash kernel stops ("pack_vnni2 is only supported when avx512
+    is supported", torch 2.13), so q, k and v are taken to fp32 for it and the output back to bf16, as that kernel
+    accumulates in fp32 (the math backend in bf16 would round its softmax to bf16)."""
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16 and "AVX512" not in torch.backends.cpu.get_cpu_capability():
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **options).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, **options)
 
 
 @functools.cache
@@ -180,8 +189,7 @@ def _cached_sdpa(query, key, value, attention_mask, scale):
     allowed = torch.arange(kv_length, device=query.device)[None, :] <= rows  # [L, L_kv]
     if attention_mask is not None:
         allowed = allowed & attention_mask[:, None, None, -kv_length:].bool()  # [B, 1, L, L_kv]
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scale,
-                                         enable_gqa=key.shape[1] != query.shape[1])
+    out = sdpa(query, key, value, attn_mask=allowed, scale=scale, enable_gqa=key.shape[1] != query.shape[1])
     return out.transpose(1, 2).contiguous()
 
 

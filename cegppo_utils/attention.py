@@ -91,9 +91,11 @@ def sdpa(q, k, v, **options):
     """F.scaled_dot_product_attention, except for bf16 on a CPU whose kernels are not AVX-512 (an AVX2-only CPU, or
     ATEN_CPU_CAPABILITY=avx2/default): there torch's CPU flash kernel stops ("pack_vnni2 is only supported when avx512
     is supported", torch 2.13), so q, k and v are taken to fp32 for it and the output back to bf16, as that kernel
-    accumulates in fp32 (the math backend in bf16 would round its softmax to bf16)."""
+    accumulates in fp32 (the math backend in bf16 would round its softmax to bf16). CPU autocast is held off for that
+    call: it would cast them back to bf16."""
     if q.device.type == "cpu" and q.dtype == torch.bfloat16 and "AVX512" not in torch.backends.cpu.get_cpu_capability():
-        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **options).to(q.dtype)
+        with torch.autocast("cpu", enabled=False):
+            return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **options).to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, **options)
 
 

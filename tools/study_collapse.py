@@ -18,6 +18,7 @@ from tools.stats import (
     exact_trend,
     fisher_exact,
     holm,
+    holm_adjusted,
     logit_mean_ci,
     mean_ci,
     min_detectable_incidence,
@@ -83,16 +84,6 @@ def mean_over(rows, key):
 def incidence(runs: dict) -> tuple[int, int]:
     runs = finished(runs)
     return sum(onset(r) is not None for r in runs.values()), len(runs)
-
-
-def holm_adjusted(pvalues):
-    """Holm's step-down adjusted p-values (each the smallest family-wise level at which it is rejected)."""
-    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
-    adjusted, running = [0.0] * len(pvalues), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
-        adjusted[i] = running
-    return adjusted
 
 
 def family_rows(study: dict, tests) -> list[dict]:

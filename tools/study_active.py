@@ -371,7 +371,8 @@ def claims(study: dict) -> dict:
 def verdicts_report(study: dict) -> str:
     result = claims(study)
     lines = []
-    for family, title, unit in (("betas", "The betas (mean entropy over the steps a run logged, amendment 1 of 2026-11-25; nats; Holm over 9)", 1.0),
+    betas = "The betas (mean entropy over the steps a run logged, amendment 1 of 2026-11-25; nats; Holm over 9)"
+    for family, title, unit in (("betas", betas, 1.0),
                                 ("dynamic", "Dynamic clipping against GRPO (entropy, nats; Holm over the family)", 1.0),
                                 ("accuracy", "Accuracy (avg@8 points; Holm over 2)", 100.0),
                                 ("keeps_accuracy", "Dynamic clipping: without losing accuracy (avg@8 points)", 100.0)):

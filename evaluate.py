@@ -43,7 +43,7 @@ from collections import Counter
 import loss as L
 from cegppo_utils import data, heldout
 from cegppo_utils.data import UserError
-from cegppo_utils.flags import HelpFormatter, Parser, refuse_unknown
+from cegppo_utils.flags import HelpFormatter, Parser, refuse_empty, refuse_unknown
 from cegppo_utils.heldout import TEMPERATURE, TOP_P
 
 # avg@k (%) from the paper's main table, for --compare
@@ -68,6 +68,8 @@ PAPER = {
 PAPER_K = dict(aime24=32, aime25=32, hmmt25=32, math500=4, amc23=32)
 # vLLM's --dtype values (checked before it starts), and "weights": the dtype the model's weights are stored in
 DTYPES = ("weights", "auto", "bfloat16", "float16", "float32", "half", "float")
+# the torch dtype HF generate loads the model in, by --dtype (after "weights" is resolved); float32 for any other
+HF_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32", "float": "float32"}
 DEFAULT_OUTPUT = os.path.join("runs", "eval", "{model}-{benchmarks}{seed}.json")  # --output when not given
 DEFAULT_BENCHMARKS = ("aime24", "aime25", "hmmt25", "math500", "amc23")  # the paper's five
 # --- metrics ------------------------------------------------------------------------------------
@@ -208,7 +210,8 @@ def build_parser():
     parser = Parser(prog="evaluate.py", description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     parser.add_argument("--model", default=None,
                         help="HF hub id or local path; 'tiny' (or 'tiny:<task>') for the project's tiny model; with "
-                             "--seed-of RUN STEP, that step's checkpoint or RUN/final where not given")
+                             "--seed-of RUN STEP, that step's checkpoint, RUN/final, or at step 0 the run's own "
+                             "--model, where not given")
     parser.add_argument("--benchmarks", default=None,
                         help=f"comma-separated names from {sorted(data.BENCHMARKS) + data.task_names()}, or data "
                              "file paths (.json/.jsonl/.parquet with problem/answer, or the KlearReasoner layout) "
@@ -239,9 +242,10 @@ def build_parser():
     parser.add_argument("--sampler", default=None, choices=["auto", "vllm", "hf"],
                         help="sampling backend (default: auto; with --seed-of, the run's)")
     parser.add_argument("--dtype", default=None, choices=DTYPES,
-                        help="model dtype for vLLM (default: weights, the dtype its config.json stores them in, as "
-                             "train.py's sampler runs an fp32 run's; with --seed-of, the run's --precision). auto is "
-                             "vLLM's choice: bf16 on a CPU and fp16 on a GPU for float32 weights")
+                        help="the sampler's model dtype (default: weights, the dtype its config.json stores them in, "
+                             "as train.py's sampler runs an fp32 run's; with --seed-of, the run's --precision). auto "
+                             "is float32 for HF and vLLM's choice for vLLM: bf16 on a CPU and fp16 on a GPU for "
+                             "float32 weights")
     parser.add_argument("--seed", type=int, default=None,
                         help="sampling seed (default: 0); train.py evaluates step N of a run with seed "
                              "seed x 1000003 + N - 1 + 500000, its metrics.jsonl's eval_seed")
@@ -269,10 +273,7 @@ def parse_args(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     refuse_unknown(parser, argv, {o for action in parser._actions for o in action.option_strings})
     args = parser.parse_args(argv)
-    empty = [name for name in ("model", "benchmarks", "output", "data_dir") if getattr(args, name) == ""]
-    if empty:
-        parser.error(f"--{empty[0].replace('_', '-')} is empty (an unset shell variable?); give it a value, or leave "
-                     "the flag out")
+    refuse_empty(parser, [name for name in ("model", "benchmarks", "output", "data_dir") if getattr(args, name) == ""])
     args.run = None
     if args.seed_of:
         like_the_run(args, parser)
@@ -316,18 +317,23 @@ def free_name(path: str) -> str:
 def like_the_run(args, parser):
     """--seed-of RUN STEP: the settings train.py evaluated step STEP of that run with (train.evaluation_row), for
     those not given: the seed it logged (eval_seed in metrics.jsonl, else heldout.eval_seed), its sampler, its
-    precision as vLLM's dtype, its --eval-data, its token budget (capped at --max-response-len) and the model of that
-    step (its checkpoint, or final/ where that is the step it holds)."""
+    precision as the sampler's dtype, its --eval-data, its token budget (capped at --max-response-len) and the model
+    of that step (run_step_model)."""
     from cegppo_utils import runfolder as RF
     run, step_text = os.path.expanduser(args.seed_of[0]), args.seed_of[1]
     config = RF.run_config_file(run)
     if config is None:
         parser.error(f"--seed-of {run}: not a run folder (no config.json with its flags)")
-    if not step_text.isdigit():
+    if not (step_text.isascii() and step_text.isdigit()):
         parser.error(f"--seed-of {run} {step_text}: the step must be a whole number >= 0")
     if args.seed is not None:
         parser.error("--seed and --seed-of both give the seed; give one")
-    step, flags = int(step_text), RF.read_json_object(config).get("flags") or {}
+    record = RF.read_json_object(config)
+    ranks = max(run_world_sizes(record))
+    if ranks > 1:  # each rank scored its share with distributed.rank_seed(eval_seed): no one seed samples them all
+        parser.error(f"--seed-of {run}: the run trained under torchrun with world size {ranks}, each rank scoring its "
+                     "share of the held-out set with a seed of its own; one evaluate.py call cannot re-derive that")
+    step, flags = int(step_text), record.get("flags") or {}
     logged = [r.get("eval_seed") for r in RF.read_jsonl(os.path.join(run, "metrics.jsonl")) if r.get("step") == step]
     args.seed = logged[-1] if logged and isinstance(logged[-1], int) else heldout.eval_seed(flags.get("seed", 0), step)
     args.sampler = args.sampler or flags.get("sampler")
@@ -338,12 +344,30 @@ def like_the_run(args, parser):
         args.benchmarks = flags["eval_data"]
     args.run = {"folder": run, "step": step, "max_response_len": flags.get("max_response_len")}
     if args.model is None:
-        checkpoint = os.path.join(run, "checkpoints", f"step_{step:06d}")
-        args.model = checkpoint if os.path.isdir(checkpoint) else (
-            os.path.join(run, "final") if RF.final_step(run) == step else None)
+        args.model = run_step_model(run, step, flags)
         if args.model is None:
             parser.error(f"--seed-of {run} {step}: the run keeps no checkpoint of step {step}, and its final/ is "
                          "another step's policy; give --model")
+
+
+def run_world_sizes(record: dict) -> list[int]:
+    """The world sizes a run's config.json records: its launch's and each resume's (runfolder.run_info, begin); 1 for
+    a record that names none."""
+    segments = [record] + [r for r in record.get("resumes") or [] if isinstance(r, dict)]
+    sizes = [s.get("world_size") for s in segments]
+    return [size if isinstance(size, int) else 1 for size in sizes]
+
+
+def run_step_model(run: str, step: int, flags: dict) -> str | None:
+    """The policy a run held after `step` steps: its checkpoint, final/ where that is the step it holds, or the
+    model it started from (--model) at step 0; None where it keeps none of them."""
+    from cegppo_utils import runfolder as RF
+    checkpoint = os.path.join(run, "checkpoints", f"step_{step:06d}")
+    if os.path.isdir(checkpoint):
+        return checkpoint
+    if RF.final_step(run) == step:
+        return os.path.join(run, "final")
+    return flags.get("model") if step == 0 else None
 
 
 def main(argv=None):
@@ -383,19 +407,20 @@ def check_output(output, default=False):
     """--output names a file that can be written, found now, not after every benchmark has been sampled. The default
     one's folder (runs/eval) is made with the first results (write_json), so a run refused before then leaves no
     folder: here its nearest existing parent must be a folder that can be written."""
+    from cegppo_utils.runfolder import writable  # tries it: os.access may say yes where a write fails (its docstring)
     out_dir = os.path.dirname(os.path.abspath(output))
     if default and not os.path.lexists(out_dir):
         parent = out_dir
         while not os.path.lexists(parent):
             parent = os.path.dirname(parent)
-        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        if not os.path.isdir(parent) or not writable(parent):
             raise UserError(f"--output {output}: cannot create {out_dir} ({parent} cannot be written)")
         return
     if os.path.isdir(output):
         raise UserError(f"--output {output} is a folder; name a file, e.g. {os.path.join(output, 'results.json')}")
     if os.path.lexists(output) and not os.path.isfile(output):
         raise UserError(f"--output {output} exists and is not a regular file")
-    if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
+    if not os.path.isdir(out_dir) or not writable(out_dir):
         raise UserError(f"--output {output}: cannot write in {out_dir}")
 
 
@@ -435,16 +460,20 @@ def plan_benchmark(b, problems, args, tokenizer, context):
 
 
 def make_eval_sampler(args, model_path, tokenizer, context, plan):
+    """The sampler, in args.dtype resolved to the dtype it samples in (what the results record): "weights" is the
+    weights' stored dtype, and "auto" is float32 for HF generate (vLLM's auto is its own choice). train.py's HF
+    sampler computes a bf16 run in bf16 (FSDP2's mixed precision), so --seed-of such a run loads the model in bf16."""
     import torch
     from transformers import AutoModelForCausalLM
 
     import rollout
-    if args.sampler == "hf" or (args.sampler == "auto" and not rollout.vllm_available()):
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        return rollout.make_sampler("hf", model_path, model=model, tokenizer=tokenizer)
-    need = max(longest + budget for _, _, longest, _, budget in plan.values())
     if args.dtype == "weights":
         args.dtype = weights_dtype(model_path)
+    if args.sampler == "hf" or (args.sampler == "auto" and not rollout.vllm_available()):
+        args.dtype = HF_DTYPES.get(args.dtype, "float32")
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, args.dtype))
+        return rollout.make_sampler("hf", model_path, model=model, tokenizer=tokenizer)
+    need = max(longest + budget for _, _, longest, _, budget in plan.values())
     # nothing trains beside it: enable_sleep_mode off, its memory is never freed
     return rollout.make_sampler("vllm", model_path, tokenizer=tokenizer, dtype=args.dtype, seed=args.seed % 2**32,
                                 max_model_len=min(need, context), gpu_memory_utilization=0.9, enable_sleep_mode=False)

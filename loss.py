@@ -332,8 +332,10 @@ def region_evidence(logp, old_logp, advantages, mask, eps_low, eps_high, finishe
         below, above = ratio < 1 - eps_low, ratio > 1 + eps_high
         regions = {"low_neg": below & (adv < 0) & valid, "high_pos": above & (adv > 0) & valid,
                    "inside": ~below & ~above & valid}
-        return {name: (torch.stack([where.sum(), (where & eos).sum(), (where & late).sum(),
-                                    old_logp[where].sum()]).to(torch.float64), ratio[where].float())
+        # every sum in float64 itself: stacking int64 counts with an fp32 sum would promote them all to fp32
+        return {name: (torch.stack([where.sum(dtype=torch.float64), (where & eos).sum(dtype=torch.float64),
+                                    (where & late).sum(dtype=torch.float64), old_logp[where].double().sum()]),
+                       ratio[where].float())
                 for name, where in regions.items()}
 
 

@@ -448,7 +448,7 @@ def evaluation_row(run: Run, args, step: int) -> dict:
                       f"samples of up to {run.eval_settings['max_tokens']} tokens ...")
     RF.crash_point(f"evaluation:{step}")
     mine = [run.eval_rows[i] for i in D.my_share(len(run.eval_rows))]  # empty on a rank past the last problem
-    seed = args.seed * 1_000_003 + step - 1 + 500_000  # the step's: rank 0 samples with it, rank r with rank_seed's
+    seed = heldout.eval_seed(args.seed, step)  # the step's: rank 0 samples with it, rank r with rank_seed's
     run.sampler.wake_up()
     run.sampler.load_weights(D.full_named_parameters(run.policy.model))
     groups, correct_lists = heldout.sample_and_score(run.sampler, run.tokenizer, mine, **run.eval_settings,

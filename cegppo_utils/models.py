@@ -96,11 +96,14 @@ def use_liger(model, device) -> str:
 
 # Selective activation checkpointing: what a checkpointed decoder layer keeps from its forward for the backward. Full
 # checkpointing keeps only the layer's input and runs the whole forward again in the backward: every GEMM twice. The
-# selective policy keeps the outputs of the matrix products and of attention (the expensive ops) and recomputes the
-# rest (norms, rotary, SiLU x mul, casts, adds: cheap elementwise work), at the memory of those kept outputs.
+# selective policy keeps the outputs of the expensive ops and recomputes the rest (norms, rotary, SiLU x mul, casts,
+# adds: cheap elementwise work), at the memory of those kept outputs. The policy sees the ops after composite ones
+# (linear, matmul) have decomposed, so what it keeps is, by name: aten's matrix products mm, addmm and bmm, and every
+# op whose name holds "attention" or "attn": aten's _scaled_dot_product_{flash,efficient,cudnn}_attention (and
+# _for_cpu), _flash_attention_forward and _efficient_attention_forward, PyTorch's varlen_attn and flash-attn's ops.
 def _saved_by_selective(op) -> bool:
     name = str(op.overloadpacket.__name__) if hasattr(op, "overloadpacket") else str(op)
-    return name in ("mm", "addmm", "bmm", "matmul", "linear") or "attention" in name or "attn" in name
+    return name in ("mm", "addmm", "bmm") or "attention" in name or "attn" in name
 
 
 def enable_checkpointing(model, selective: bool = False):

@@ -77,17 +77,11 @@ def algorithm_panels(algos) -> list[tuple[str, str]]:
 
 
 def read_metrics(run_dir):
+    """A run's metrics.jsonl rows, a torn last line (a crashed run's) skipped."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} not found: is {run_dir} a train.py output folder?")
-    rows = []
-    with open(path) as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a torn last line of a crashed run
-                continue
-    return rows
+    return runfolder.read_jsonl(path)
 
 
 def smooth(values, window):
@@ -151,9 +145,19 @@ def available_panels(data: dict[str, list[list[dict]]], algos=(None,)) -> list[t
 
 
 def is_share(key: str) -> bool:
-    """Whether a metric is a share (of the response tokens, or of the responses for a sequence-level loss): the
-    loss's diagnostics that count (clip_frac_*, the masked, capped and truncated shares) hold "frac" in their names."""
+    """Whether a metric is a share of the response tokens: the loss's diagnostics that count (clip_frac_*, the
+    masked, capped and truncated shares) hold "frac" in their names. A sequence-level clip's share counts tokens too
+    (GSPO's gspo_clip_frac_*: the tokens of the clipped responses, loss.gspo_token_loss)."""
     return "frac" in key
+
+
+def seed_band(curves):
+    """(steps, mean, min, max) over seeds of [(steps, values)] per seed, taken at the steps every seed logged: a step
+    where nothing trained logs no update metrics, so the seeds' values are paired by step, not by position."""
+    by_step = [dict(zip(steps, values)) for steps, values in curves]
+    steps = sorted(set.intersection(*(set(s) for s in by_step)))
+    at = [[s[step] for s in by_step] for step in steps]
+    return steps, [sum(v) / len(v) for v in at], [min(v) for v in at], [max(v) for v in at]
 
 
 def figure(runs: dict[str, list[str]], window: int = 5, title: str | None = None):
@@ -188,18 +192,15 @@ def figure(runs: dict[str, list[str]], window: int = 5, title: str | None = None
                 for steps, values in raw:
                     ax.plot(steps, values, color=colors(c % 10), linewidth=0.6, alpha=0.35)
             curves = [(steps, smooth(values, 1 if key == "eval_acc" else window)) for steps, values in raw]
-            length = min(len(v) for _, v in curves)
-            steps = curves[0][0][:length]
-            mean = [sum(v[i] for _, v in curves) / len(curves) for i in range(length)]
+            steps, mean, low, high = seed_band(curves)
             ax.plot(steps, mean, label=name, color=colors(c % 10), linewidth=1.4,
                     marker="o" if key == "eval_acc" else None)
             if len(curves) > 1:
-                ax.fill_between(steps, [min(v[i] for _, v in curves) for i in range(length)],
-                                [max(v[i] for _, v in curves) for i in range(length)], color=colors(c % 10), alpha=0.15)
+                ax.fill_between(steps, low, high, color=colors(c % 10), alpha=0.15)
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("step")
         if scale != 1.0:
-            ax.set_ylabel("% of responses" if "sequence" in label else "% of response tokens")
+            ax.set_ylabel("% of response tokens")
         ax.grid(alpha=0.3)
     for p in range(len(panels), rows_n * cols):
         axes[p // cols][p % cols].axis("off")

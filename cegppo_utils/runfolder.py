@@ -94,10 +94,12 @@ def _program() -> str:
 
 
 def one_line(message: str, longest: int = 400, total: int = 4000) -> str:
-    """An error message as one readable line: control characters escaped (a newline in a path would split it), a word
+    """An error message as one readable line: control characters escaped, C0, DEL and C1 (U+0085 is a newline to some
+    readers) and the line and paragraph separators U+2028 and U+2029 (a newline in a path would split it), a word
     longer than `longest` characters cut to its start and its length (a 100,000-character value), and the whole cut in
     its middle to `total` characters (the way out is said last)."""
-    text = re.sub(r"[\x00-\x1f\x7f]", lambda m: repr(m.group())[1:-1], str(message))
+    text = re.sub(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", lambda m: m.group().encode("unicode_escape").decode("ascii"),
+                  str(message))
     def cut(word):  # its punctuation kept: "--model X: no such" stays readable as such
         body = word.rstrip(":;,.)'\"")
         return f"{body[:80]}... ({len(body)} characters){word[len(body):]}"
@@ -477,9 +479,12 @@ FINAL_RECORD = "ce-gppo-final.json"
 
 def final_step(output_dir: str) -> int | None:
     """The step whose policy output_dir/final holds (its FINAL_RECORD), or None: no final/, or one from before the
-    record was kept, or a record that is not a step."""
+    record was kept, a record that is not a step, or not a regular file (opening a FIFO would wait for a writer)."""
+    path = os.path.join(output_dir, "final", FINAL_RECORD)
+    if not os.path.isfile(path):
+        return None
     try:
-        with open(os.path.join(output_dir, "final", FINAL_RECORD), encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             step = json.load(f).get("step")
     except (OSError, ValueError, AttributeError, RecursionError):
         return None
@@ -791,26 +796,32 @@ def write_json_atomically(path: str, obj):
 
 
 def write_text_atomically(path: str, text: str):
-    """path holds `text`, whole, or its old content: written to a fresh temporary file in the same folder (created
-    with O_EXCL, so never through a link or over a file someone planted at a fixed .tmp name), then renamed over path
-    (a rename replaces a link at path itself, not its target)."""
-    import tempfile
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # as open() would create it (mkstemp's 0600 would hide a run's log)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+    """path holds `text` (UTF-8), whole, or its old content (write_file_atomically)."""
+    data = text.encode("utf-8")
+    write_file_atomically(path, lambda f: f.write(data))
 
 
 def _umask() -> int:
+    """The process's umask, read from /proc where Linux shows it: setting and restoring it would change it for a
+    moment under every other thread, which may be creating files then."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def _fsync_folder(folder: str):
+    """A rename in `folder` made durable, where the file system lets a folder be synced (best effort)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def write_folder_atomically(path, write, collective=True):
@@ -1250,7 +1261,7 @@ def exported(checkpoint_dir, log=print) -> str:
     cache's), the others wait and use its result. A partial or broken hf/ is refused with the way out, not loaded."""
     check_finished(checkpoint_dir)
     hf = os.path.join(checkpoint_dir, "hf")
-    cached = not os.path.lexists(hf) and not _writable(checkpoint_dir)
+    cached = not os.path.lexists(hf) and not writable(checkpoint_dir)
     folder = export_cache(create=False) if cached else checkpoint_dir
     hf = os.path.join(folder, _export_key(checkpoint_dir)) if cached else hf
     if not os.path.lexists(hf):
@@ -1303,7 +1314,7 @@ def export_cache(create=True) -> str:
     except OSError as e:
         raise UserError(f"the export cache {cache} cannot be created ({e.strerror}; XDG_CACHE_HOME is "
                         f"{os.environ.get('XDG_CACHE_HOME', 'unset')}); {way_out}") from None
-    if not _writable(cache):
+    if not writable(cache):
         raise UserError(f"the export cache {cache} is not writable; {way_out}")
     return cache
 
@@ -1357,9 +1368,9 @@ def _folder_lock(folder, log, waiting):
         os.close(fd)
 
 
-def _writable(folder) -> bool:
-    """Whether a folder can be created in `folder` (asked of the file system: root passes os.access on a read-only
-    mount)."""
+def writable(folder) -> bool:
+    """Whether a folder can be created in `folder`, asked of the file system by creating one: os.access reads the
+    modes, which root passes, and a FUSE mount without an access handler (sshfs, say) answers yes to anything."""
     import tempfile
     try:
         tempfile.TemporaryDirectory(dir=folder).cleanup()
@@ -1452,19 +1463,24 @@ def open_loggers(output_dir: str, run_name: str, tensorboard: bool, wandb: bool,
 # --- files the research tools write (tools/, plot.py): whole, and never through a link, as a run's own ---------------
 
 def write_file_atomically(path: str, write):
-    """write(f) fills a fresh temporary file (binary, created with O_EXCL) in path's folder, then renamed over path:
-    path holds the new content whole or its old content, and a link planted at path is replaced, its target kept."""
+    """write(f) fills a fresh temporary file (binary, created with O_EXCL, so never through a link or over a file
+    someone planted at a fixed .tmp name) in path's folder, synced to disk, then renamed over path: path holds the new
+    content whole or its old content, after a crash too, and a link planted at path is replaced, its target kept."""
     import tempfile
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    folder = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, 0o666 & ~_umask())  # as open() would create it (mkstemp's 0600 would hide a run's log)
         with os.fdopen(fd, "wb") as f:
             write(f)
+            f.flush()
+            os.fsync(f.fileno())  # the content on disk before the rename publishes it
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+    _fsync_folder(folder)
 
 
 def save_figure(fig, path: str, **options):

@@ -213,12 +213,67 @@ def test_seed_of_takes_what_train_py_evaluated_a_step_with(tmp_path, monkeypatch
     assert E.parse_args(["--model", "tiny"]).dtype == "weights"  # without a run: the dtype the weights are stored in
     for argv, said in ((["--seed-of", str(run), "5", "--seed", "1"], "--seed and --seed-of both give the seed"),
                        (["--seed-of", str(run), "x"], "the step must be a whole number"),
+                       (["--seed-of", str(run), "\u00b2"], "the step must be a whole number"),  # isdigit, not int
+                       (["--seed-of", str(run), "\u0663"], "the step must be a whole number"),  # int() reads it: 3
                        (["--seed-of", str(tmp_path), "5"], "not a run folder"),
                        (["--seed-of", str(run), "7"], "keeps no checkpoint of step 7")):
         with pytest.raises(SystemExit) as stopped:
             E.parse_args(argv)
         err = capsys.readouterr().err
         assert stopped.value.code == 2 and err.count("\n") == 1 and said in err, err
+
+
+def refused(argv, capsys) -> str:
+    """parse_args(argv)'s refusal: exit code 2 and one line on stderr, returned."""
+    with pytest.raises(SystemExit) as stopped:
+        E.parse_args(argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1, err
+    return err
+
+
+def test_seed_of_refuses_a_run_trained_on_several_ranks(tmp_path, capsys):
+    """Under torchrun each rank scored its share of the held-out set with rank_seed(eval_seed): one seed cannot
+    sample what they sampled. The world size is config.json's, of the launch or of any resume."""
+    run = recorded_eval_run(tmp_path / "run")
+    record = json.loads((run / "config.json").read_text())
+    for sizes in ({"world_size": 2}, {"world_size": 1, "resumes": [{"world_size": 4}]}):
+        (run / "config.json").write_text(json.dumps({**record, **sizes}))
+        err = refused(["--seed-of", str(run), "5"], capsys)
+        ranks = sizes["resumes"][0]["world_size"] if "resumes" in sizes else 2
+        assert f"--seed-of {run}: the run trained under torchrun with world size {ranks}, " in err, err
+    (run / "config.json").write_text(json.dumps({**record, "world_size": 1, "resumes": [{"world_size": 1}]}))
+    assert E.parse_args(["--seed-of", str(run), "5"]).seed == 3_500_013
+
+
+def test_seed_of_step_0_is_the_model_the_run_started_from(tmp_path, capsys):
+    """Step 0 (the evaluation before training) scored the run's --model, which no checkpoint holds; a step_000000
+    checkpoint, where one is kept, is that same policy and is taken first."""
+    run = recorded_eval_run(tmp_path / "run")
+    args = E.parse_args(["--seed-of", str(run), "0"])
+    assert (args.model, args.seed) == ("tiny", 3 * 1_000_003 - 1 + 500_000)
+    os.makedirs(run / "checkpoints" / "step_000000")
+    assert E.parse_args(["--seed-of", str(run), "0"]).model == str(run / "checkpoints" / "step_000000")
+    config = json.loads((run / "config.json").read_text())
+    del config["flags"]["model"]
+    (run / "config.json").write_text(json.dumps(config))
+    assert "keeps no checkpoint of step 1" in refused(["--seed-of", str(run), "1"], capsys)
+
+
+def test_the_hf_sampler_loads_the_model_in_the_dtype_it_records(tiny_model_path):
+    """train.py's HF sampler computes a bf16 run in bf16 (FSDP2's mixed precision), so --dtype (or --seed-of's
+    precision) sets the dtype HF generate loads the model in; "weights" and "auto" resolve to the dtype it used, the
+    one the results record."""
+    import argparse
+
+    import torch
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    for given, used in (("bfloat16", torch.bfloat16), ("half", torch.float16), ("auto", torch.float32),
+                        ("weights", torch.float32), ("float32", torch.float32)):
+        args = argparse.Namespace(sampler="hf", dtype=given, seed=0)
+        sampler = E.make_eval_sampler(args, tiny_model_path, tokenizer, 512, {})
+        assert sampler.model.dtype == used and args.dtype == str(used).removeprefix("torch."), given
 
 
 def test_an_existing_output_is_answered_with_another_name(tmp_path, capsys):

@@ -227,6 +227,15 @@ def test_region_evidence_on_hand_built_input():
     assert L.evidence_row({k: v[0] for k, v in empty.items()}, {k: v[1] for k, v in empty.items()}) == {}
 
 
+def test_region_evidence_sums_fp32_input_in_float64():
+    """The sums are float64 sums, not fp32 sums cast: 2**24 + 1 (a count of log pi_old) is no float32 number, so fp32
+    log-probs of -2**24 and -1 in one region sum to -2**24 in float32 and to -(2**24 + 1) here."""
+    old_logp = torch.tensor([[-2.0**24, -1.0]])
+    parts = L.region_evidence(old_logp, old_logp, torch.tensor([1.0]), torch.ones(1, 2), 0.2, 0.2, torch.tensor([True]))
+    sums = parts["inside"][0]
+    assert sums.dtype == torch.float64 and sums.tolist() == [2, 1, 1, -(2.0**24 + 1)]
+
+
 def test_entropy_regions():
     logp = torch.log(torch.tensor([[0.9, 0.05, 0.9, 0.05]]))
     entropy = torch.full_like(logp, 1.0)  # -log 0.9 = 0.1 < 1 < -log 0.05 = 3.0

@@ -153,6 +153,31 @@ def test_curves_draw_each_steps_own_value_under_the_moving_average_and_shares_in
     plt.close(fig)
 
 
+def test_seeds_are_averaged_step_by_step_and_gspo_shares_are_of_tokens(tmp_path):
+    """Seed s1 trained nothing at step 2 (no update metrics there): the seeds' mean, min and max pair their values by
+    step, at the steps both logged (1 and 3), not by position (which paired s0's step 2 with s1's step 3). GSPO's clip
+    shares count the clipped responses' tokens: their axis says so."""
+    logged = {"s0": {1: (1.0, 0.1), 2: (2.0, 0.2), 3: (3.0, 0.3)}, "s1": {1: (3.0, 0.3), 3: (7.0, 0.5)}}
+    dirs = []
+    for seed, steps in logged.items():
+        (tmp_path / seed).mkdir()
+        rows = [{"step": t, "reward_mean": 0.0, "grad_norm": g, "gspo_clip_frac_low": f} for t, (g, f) in steps.items()]
+        (tmp_path / seed / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (tmp_path / seed / "config.json").write_text(json.dumps({"flags": {"algo": "gspo"}}))
+        dirs.append(str(tmp_path / seed))
+    fig = plot.figure({"gspo": dirs}, window=1)
+    axes = {ax.get_title(): ax for ax in fig.axes}
+    mean = axes["gradient norm"].get_lines()[-1]  # after each seed's own trace
+    assert list(mean.get_xdata()) == [1, 3] and list(mean.get_ydata()) == [2.0, 5.0]
+    share = axes["sequence clipped: s < 1 - eps_low, A < 0 (no gradient)"]
+    assert list(share.get_lines()[-1].get_ydata()) == pytest.approx([20.0, 40.0])
+    assert share.get_ylabel() == "% of response tokens"
+    assert plot.seed_band([([1, 2, 3], [1.0, 2.0, 3.0]), ([1, 3], [3.0, 7.0])]) == ([1, 3], [2.0, 5.0], [1.0, 3.0],
+                                                                                    [3.0, 7.0])
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
 def test_curves_and_the_table_are_never_written_through_a_link(tmp_path):
     run = tmp_path / "run"
     run.mkdir()

@@ -264,7 +264,7 @@ def test_a_read_only_checkpoint_evaluates_from_a_cache_export(tmp_path, tiny_che
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     ckpt = read_only(tiny_checkpoint)
-    assert not RF._writable(ckpt)
+    assert not RF.writable(ckpt)
     bench = write(tmp_path / "bench.jsonl", '{"problem": "1 + 1?", "answer": 2}\n')
     code, err = run_evaluate_in_process(["evaluate.py", "--model", ckpt, "--benchmarks", bench, "--sampler", "hf",
                                          "--k", "1",
@@ -278,6 +278,21 @@ def test_a_read_only_checkpoint_evaluates_from_a_cache_export(tmp_path, tiny_che
     said = []
     assert RF.exported(ckpt, log=said.append).endswith(export) and said == [f"{ckpt}: using its export cached in "
                                                                           f"{tmp_path}/cache/ce-gppo/exports/{export}"]
+
+
+def test_evaluate_refuses_an_output_on_a_read_only_mount(tmp_path, read_only, monkeypatch):
+    """evaluate.py tries to write in --output's folder (runfolder.writable), and for the default one in its nearest
+    existing parent, before anything is sampled: os.access reads the modes (root passes them), and on a FUSE mount
+    without an access handler it says yes to anything, as it does here."""
+    import evaluate
+    (tmp_path / "results").mkdir()
+    folder = read_only(str(tmp_path / "results"))
+    monkeypatch.setattr(os, "access", lambda *args, **kwargs: True)
+    with pytest.raises(evaluate.UserError, match=f"^--output {folder}/r.json: cannot write in {folder}$"):
+        evaluate.check_output(os.path.join(folder, "r.json"))
+    with pytest.raises(evaluate.UserError, match=f"cannot create {folder}/eval \\({folder} cannot be written\\)$"):
+        evaluate.check_output(os.path.join(folder, "eval", "r.json"), default=True)
+    evaluate.check_output(str(tmp_path / "r.json"))  # a folder that can be written passes
 
 
 def test_evaluate_refuses_an_unknown_dtype_before_the_engine(tmp_path, capsys):
@@ -740,6 +755,8 @@ def test_every_refusal_is_one_readable_line(tmp_path, capsys):
     err = refusal_line(["--config", config], capsys)
     assert "(1000000 characters): no such model folder" in err and len(err) < 1000, err[:300]
     assert RF.one_line("a\x1b[31mred\ttab") == "a\\x1b[31mred\\ttab"
+    # C1 controls (U+0085 ends a line for some readers) and the line and paragraph separators stay on the line too
+    assert RF.one_line("a\x85b\u2028c\u2029d\x9f e\u00e9") == "a\\x85b\\u2028c\\u2029d\\x9f e\u00e9"
 
 
 def test_an_option_nothing_reads_is_refused_by_one_rule(capsys):

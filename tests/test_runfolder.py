@@ -660,3 +660,49 @@ def test_a_run_stopped_before_it_began_leaves_nothing_and_names_its_command(tmp_
                                   f".venv/bin/python train.py --output-dir {out} --max-steps 2")
     assert not os.path.exists(tmp_path / "new")
 
+
+
+def test_final_step_reads_no_fifo_planted_at_finals_record(tmp_path):
+    """A FIFO at final/ce-gppo-final.json would block open() until a writer came: final_step answers None at once."""
+    import threading
+    (tmp_path / "final").mkdir()
+    os.mkfifo(tmp_path / "final" / runfolder.FINAL_RECORD)
+    answered = []
+    reader = threading.Thread(target=lambda: answered.append(runfolder.final_step(str(tmp_path))), daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    assert answered == [None]
+    os.remove(tmp_path / "final" / runfolder.FINAL_RECORD)
+    (tmp_path / "final" / runfolder.FINAL_RECORD).write_text('{"step": 4}')
+    assert runfolder.final_step(str(tmp_path)) == 4
+
+
+def test_atomic_writes_are_synced_before_the_rename_and_take_the_umask_unchanged(tmp_path, monkeypatch):
+    """write_text_atomically (through write_file_atomically): the file's content is fsynced before os.replace makes
+    it path's, the folder after; its mode is 0666 less the umask, read without setting the umask (which every other
+    thread would see changed for a moment)."""
+    events, real_fsync, real_replace = [], os.fsync, os.replace
+
+    def fsync(fd):
+        events.append("fsync folder" if os.path.isdir(f"/proc/self/fd/{fd}") else "fsync file")
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append("replace")
+        real_replace(src, dst)
+
+    def umask(mask):
+        raise AssertionError("the umask was set")
+
+    old = os.umask(0o027)
+    try:
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "replace", replace)
+        monkeypatch.setattr(os, "umask", umask)
+        runfolder.write_text_atomically(str(tmp_path / "a.json"), "é\n")
+    finally:
+        monkeypatch.undo()
+        os.umask(old)
+    assert events == ["fsync file", "replace", "fsync folder"]
+    assert (tmp_path / "a.json").read_bytes() == "é\n".encode() and os.listdir(tmp_path) == ["a.json"]
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o640

@@ -1,6 +1,7 @@
 """bench.py: the step section's run order, aggregation, TRL-missing and failure paths and one real train.py run; the
 update sections' arithmetic and bookkeeping."""
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -69,6 +70,8 @@ def test_step_flags_are_checked(monkeypatch, capsys, flags, message):
     (["--only", "reward", "--step-model", ""], "argument --step-model: an empty value (an unset shell variable?): "
                                                "give one, or leave the flag out"),
     (["--only", "logprobs", "--device", "cuda"], "--device cuda: no CUDA device here (torch "),  # was torch's assert
+    (["--only", "update_levers", "--device", "cuda"], "--device cuda: no CUDA device here (torch "),
+    (["--only", "reward", "--update-repeats", "0"], "--update-repeats must be >= 1, got 0"),
     (["--only", "loss", "--logprobs-tokens", "0"], "--logprobs-tokens 0: must be >= 1"),
     (["--device", "tpu"], "argument --device: invalid choice: 'tpu' (choose from 'cpu', 'cuda')"),
     (["--bogus"], "unrecognized arguments: --bogus"),
@@ -179,22 +182,25 @@ def test_update_levers_measure_what_they_name(monkeypatch):
     assert (bench.dense_bf16_peak("NVIDIA H100 PCIe") == 756e12
             and bench.dense_bf16_peak("NVIDIA H100 80GB HBM3") == 989e12)
     assert bench.dense_bf16_peak("NVIDIA H200") == 989e12 and bench.dense_bf16_peak("NVIDIA A100-SXM4-80GB") == 312e12
+    assert bench.dense_bf16_peak("NVIDIA H200 NVL") == 835e12  # "H200" is in its name too
     assert bench.dense_bf16_peak("NVIDIA GeForce RTX 4090") is None
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
     assert "no CUDA GPU" in bench.bench_update_levers()["skipped"]
+    assert "GPU only (--device cuda)" in bench.bench_update_levers(device="cpu")["skipped"]
     monkeypatch.setattr(bench, "matmul_rate", lambda device: 1e9)
     shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                  num_key_value_heads=1, vocab_size=64, tie_word_embeddings=False, max_position_embeddings=512)
     seen = []
     real = bench.counting_kernels
 
+    @contextlib.contextmanager
     def recording():
-        restore, counts = real()
-        from cegppo_utils import attention
-        kernel = attention.KERNELS["sdpa_per_sequence"]
-        attention.KERNELS["sdpa_per_sequence"] = (lambda q, k, v, *a: seen.append((q.dtype, k.dtype, v.dtype))
-                                                  or kernel(q, k, v, *a))
-        return restore, counts
+        with real() as counts:
+            from cegppo_utils import attention
+            kernel = attention.KERNELS["sdpa_per_sequence"]
+            attention.KERNELS["sdpa_per_sequence"] = (lambda q, k, v, *a: seen.append((q.dtype, k.dtype, v.dtype))
+                                                      or kernel(q, k, v, *a))
+            yield counts
     monkeypatch.setattr(bench, "counting_kernels", recording)
     try:
         out = bench.bench_update_throughput("cpu", sequences=2, median=20, cap=30, budget=200, repeats=1, config=shape,
@@ -209,3 +215,39 @@ def test_update_levers_measure_what_they_name(monkeypatch):
     assert selective["gradient_checkpointing"] == "selective" and selective["long_tailed_packed_tokens_per_s"] > 0
     assert [name for name, _ in bench.UPDATE_LEVERS if "selective" in name]  # measured beside full and none on a GPU
     assert seen and set(seen) == {(bench.torch.bfloat16,) * 3}
+
+
+def test_the_kernels_are_put_back_however_the_counted_block_ends():
+    """bench_update_levers catches an out-of-memory error in one lever and runs the next: the kernels must not stay
+    wrapped (the next lever's calls would be counted into the failed one's counts)."""
+    from cegppo_utils import attention
+    before = dict(attention.KERNELS)
+    with pytest.raises(bench.torch.OutOfMemoryError):
+        with bench.counting_kernels() as counts:
+            assert attention.KERNELS != before
+            raise bench.torch.OutOfMemoryError("CUDA out of memory")
+    assert attention.KERNELS == before and counts == {}
+
+
+def test_the_sections_get_the_command_lines_values_and_update_levers_runs_only_when_named(monkeypatch, capsys):
+    """update_levers times five updates at the 1.5B shape: not in the default set, and given --device,
+    --update-sequences and --update-repeats when named (its own single repeat when --update-repeats is left out)."""
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench.torch.cuda, "get_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    calls = {}
+    for name in bench.SECTIONS:
+        monkeypatch.setitem(bench.SECTIONS, name, lambda name=name, **kwargs: calls.update({name: kwargs}) or {})
+    monkeypatch.setattr(sys, "argv", ["bench.py"])
+    bench.main()
+    assert list(calls) == [n for n in bench.SECTIONS if n != "update_levers"]
+    assert calls["update_throughput"] == dict(device="cpu", sequences=16, budget=0, attn="preset")
+    calls.clear()
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--only", "update_levers,update_levers", "--device", "cuda",
+                                      "--update-sequences", "32", "--update-repeats", "2"])
+    bench.main()
+    assert calls == {"update_levers": dict(device="cuda", sequences=32, repeats=2)}
+    calls.clear()
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--only", "update_levers", "--device", "cuda"])
+    bench.main()
+    assert calls == {"update_levers": dict(device="cuda", sequences=16)}
+    capsys.readouterr()

@@ -284,6 +284,7 @@ def test_planned_evaluations_that_are_missing_are_named():
     (["--configs", "grpo,nope"], "unknown config(s) ['nope']"),
     (["--steps", "0"], "--steps 0: must be >= 1"),
     (["--steps", "x"], "argument --steps: invalid int value"),
+    (["--parallel", "100000"], "--parallel 100000 needs as many cores; this process may use"),
 ])
 def test_bad_input_is_one_line_and_exit_2_before_any_run(argv, message, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["study.py", "--preset", "tiny", "--root", str(tmp_path / "runs"),
@@ -385,7 +386,8 @@ def test_parallel_runs_get_disjoint_cores(monkeypatch):
     assert study.core_groups(1) == [[0, 1, 2, 3, 5]]
     assert study.core_groups(2) == [[0, 1], [2, 3]]
     assert study.core_groups(5) == [[0], [1], [2], [3], [5]]
-    with pytest.raises(SystemExit, match="--parallel 6 needs as many cores"):
+    from cegppo_utils.data import UserError
+    with pytest.raises(UserError, match="^--parallel 6 needs as many cores; this process may use 5$"):
         study.core_groups(6)
 
 
@@ -399,3 +401,57 @@ def test_the_figures_are_never_written_through_a_link(tmp_path):
     written = study.draw_figures(runs, str(tmp_path))
     assert str(tmp_path / "payoff.png") in written and mine.read_text() == "a user's file\n"
     assert (tmp_path / "payoff.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def a_study(tmp_path) -> str:
+    """A study's JSON of one finished run, with every key run_record writes."""
+    steps = [{"step": t, "reward_mean": 0.0, "entropy": 0.2, "eval_acc": 0.5} for t in range(1, 5)]
+    run = {"steps_done": 4, "start_acc": 0.4, "final_acc": 0.5, "best_acc": 0.5, "entropy_first10": 0.2,
+           "entropy_last10": 0.2, "steps": steps}
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps({"grpo": {"0": run}}))
+    return str(path)
+
+
+def refused(argv, monkeypatch, capsys) -> str:
+    monkeypatch.setattr(sys, "argv", ["study.py", *argv])
+    with pytest.raises(SystemExit) as stop:
+        study.main()
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def test_the_one_step_experiments_json_is_checked_before_the_report_where_it_exists(tmp_path, monkeypatch, capsys):
+    """The default --mechanism (docs/figures/mechanism-<preset>-warm.json) was read unchecked after table1.md was
+    written: a damaged one is refused first, as a damaged --mechanism is, and nothing is written."""
+    monkeypatch.setattr(study, "ROOT", str(tmp_path))
+    default = tmp_path / "docs" / "figures" / "mechanism-tiny-warm.json"
+    default.parent.mkdir(parents=True)
+    default.write_text('{"grpo": ')
+    base = ["--preset", "tiny", "--steps", "4", "--configs", "grpo", "--seeds", "0", "--plot-only", "--root",
+            str(tmp_path / "runs"), "--json", a_study(tmp_path), "--figures", str(tmp_path / "fig")]
+    assert refused(base, monkeypatch, capsys) == (f"study.py: error: --mechanism {default}: not a JSON object "
+                                                  "(JSONDecodeError: Expecting value: line 1 column 10 (char 9))")
+    (tmp_path / "list.json").write_text("[1]")
+    assert refused(base + ["--mechanism", str(tmp_path / "list.json")], monkeypatch, capsys) == (
+        f"study.py: error: --mechanism {tmp_path}/list.json: not a JSON object (it holds a list)")
+    assert not (tmp_path / "fig").exists()
+    default.write_text(json.dumps({"grpo": {}}))  # a good one is read: the report is written
+    monkeypatch.setattr(study, "draw_figures", lambda finished, figures: [])
+    monkeypatch.setattr(sys, "argv", ["study.py", *base])
+    study.main()
+    assert "| grpo | 1 | 4 |" in (tmp_path / "fig" / "table1.md").read_text()
+
+
+@pytest.mark.parametrize("preset, name", [("tiny", "table1.md"), ("tiny", "payoff.png"),
+                                          ("merge-active", "regime.md")])
+def test_a_folder_at_a_reports_file_name_is_refused_before_any_run(tmp_path, monkeypatch, capsys, preset, name):
+    """Each file the report writes replaces its name whole (os.replace): a folder there would stop the study after
+    its runs. study_active's report writes the merge-active study's files."""
+    (tmp_path / "fig" / name).mkdir(parents=True)
+    argv = ["--preset", preset, "--steps", "4", "--configs", "grpo", "--seeds", "0", "--plot-only", "--root",
+            str(tmp_path / "runs"), "--json", a_study(tmp_path), "--figures", str(tmp_path / "fig")]
+    assert refused(argv, monkeypatch, capsys) == (f"study.py: error: --figures {tmp_path}/fig: {name} in it is a "
+                                                  "folder; move it aside")
+    assert os.listdir(tmp_path / "fig") == [name]

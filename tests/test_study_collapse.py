@@ -92,20 +92,116 @@ def test_entropy_before_the_pairs_collapse_and_the_token_table():
     assert got[("a", "collapsed", "before onset")]["low_neg_eos_share"] == pytest.approx(0.5)
     assert got[("b", "did not collapse", "steps 1-10")]["low_neg_share"] == pytest.approx(0.002)
     idle = run(lambda s: 0.0 if s >= 100 else 0.3, final=0.0, trained=lambda s: s < 150)
-    assert SC.entropy_before(idle, None) == pytest.approx(0.2)  # over the steps that logged it
+    assert SC.mean_entropy(idle) == pytest.approx(0.2)  # over the steps that logged it
 
 
-@pytest.mark.parametrize("content, says", [(None, "no such file"), ("{", "not a study's JSON"),
-                                           ('{"grpo": {"10": {"steps_done": 200}}}', "grpo is not {seed: run record")])
+def bad(study: dict, change) -> str:
+    """A good study's JSON with change(study) applied, as text."""
+    change(study)
+    return json.dumps(study)
+
+
+def good() -> dict:
+    return {"grpo": {"10": run(lambda s: 0.4)}}
+
+
+@pytest.mark.parametrize("content, says", [
+    (None, "no such file"),
+    ("{", "not a study's JSON (JSONDecodeError"),
+    ('{"grpo": {"10": {"steps_done": 200}}}', "configuration grpo seed 10: its steps are not a list of objects"),
+    (bad(good(), lambda s: s["grpo"]["10"].update(steps_done="200")),
+     "configuration grpo seed 10 is not a run's record (an object with a whole steps_done)"),
+    (bad(good(), lambda s: s["grpo"]["10"]["steps"].append("step 201")),
+     "configuration grpo seed 10: its steps are not a list of objects"),
+    (bad(good(), lambda s: s["grpo"]["10"].update(model_sha256=["abc"])),
+     "configuration grpo seed 10: its model_sha256 is not text"),
+    (bad(good(), lambda s: s["grpo"]["10"]["steps"][5].update(acc_mean="0.4")),
+     "configuration grpo seed 10 step 5: its acc_mean is not a number"),
+    (bad(good(), lambda s: s["grpo"]["10"]["steps"][-1].update(eval_acc=[0.8])),
+     "configuration grpo seed 10 step 200: its eval_acc is not a number"),
+    (bad(good(), lambda s: s["grpo"].update(ten=s["grpo"]["10"])), "configuration grpo seed ten: the seed is not a "
+                                                                     "whole number"),
+])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, content, says):
+    """Each JSON the pages cannot read: one line naming what is wrong, exit 2, and no page written (the folder for
+    them is not even made)."""
+    path = tmp_path / "study.json"
+    if content is not None:
+        path.write_text(content)
+    out = collapse(path, tmp_path / "pages")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and says in out.stderr, out.stderr
+    assert out.stderr.startswith("study_collapse.py: error: --json ") and not (tmp_path / "pages").exists()
+
+
+def collapse(path, figures):
     import subprocess
     import sys
 
     from conftest import ROOT
+    return subprocess.run([sys.executable, "-m", "tools.study_collapse", "--json", str(path), "--figures",
+                           str(figures)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_a_folder_at_a_pages_name_is_refused_before_the_work(tmp_path):
     path = tmp_path / "study.json"
-    if content is not None:
-        path.write_text(content)
-    out = subprocess.run([sys.executable, "-m", "tools.study_collapse", "--json", str(path), "--figures",
-                          str(tmp_path / "pages")], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and out.stderr.count("\n") == 1 and says in out.stderr, out.stderr
-    assert not (tmp_path / "pages" / "verdicts.md").exists()
+    path.write_text(json.dumps(good()))
+    (tmp_path / "pages" / "verdicts.md").mkdir(parents=True)
+    out = collapse(path, tmp_path / "pages")
+    assert out.returncode == 2 and out.stderr == (f"study_collapse.py: error: --figures {tmp_path}/pages: verdicts.md "
+                                                  "in it is a folder; move it aside\n")
+    assert sorted(p.name for p in (tmp_path / "pages").iterdir()) == ["verdicts.md"]
+
+
+def test_runs_a_page_cannot_fully_read_still_give_their_pages(tmp_path):
+    """A step row without a step is left out (one row per step); an arm whose finished runs lack the final evaluation
+    says n/a for it; seeds are in numeric order (9 before 10)."""
+    no_final = run(lambda s: 0.4)
+    no_final["steps"][-1].pop("eval_acc")
+    no_final["steps"].insert(3, {"acc_mean": 0.0})
+    study = {"ppo_clip_tm": {"10": no_final, "9": no_final},
+             "ce_gppo_1_1": {"10": run(lambda s: 0.0 if s >= 30 else 1.0), "9": run(lambda s: 1.0)}}
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps(study))
+    out = collapse(path, tmp_path / "pages")
+    assert out.returncode == 0, out.stderr
+    arms = (tmp_path / "pages" / "arms.md").read_text()
+    assert "| `ppo_clip_tm` | 2 | 0 | -, - | n/a | 0.0 |" in arms
+    assert "| `ce_gppo_1_1` | 2 | 1 | -, 30 | 80.0 [80.0, 80.0] | 0.0 |" in arms  # seed 9, then seed 10
+
+
+def test_holm_counts_every_test_of_the_family_and_rejects_at_or_below_5_percent(monkeypatch):
+    """A test without runs yet counts as p = 1 (the family keeps its size: 5 of 5 against 0 of 5 is Holm-adjusted
+    3 x 1/126 in a family of 3, not 2 x); a raw p of exactly 0.05 rejects at 5%, as Holm's rule does."""
+    collapsed, healthy = run(lambda s: 0.0 if s >= 30 else 1.0, final=0.02), run(lambda s: 0.4)
+    study = {"ppo_clip_tm": {str(s): healthy for s in range(5)}, "ce_gppo_1_1": {str(s): collapsed for s in range(5)}}
+    rows = {r["arm"]: r for r in SC.family_rows(study, SC.FAMILIES[0][1])}
+    assert rows["ce_gppo_1_1"]["holm"] == pytest.approx(3 / 126) and rows["ce_gppo_1_1"]["verdict"] == "holds"
+    assert rows["ce_gppo_0_1"]["verdict"] == "no runs yet" and rows["ce_gppo_0_1"]["holm"] is None
+    monkeypatch.setattr(SC, "fisher_exact", lambda *a: 0.05)
+    study = {arm: {"0": healthy} for tests in SC.FAMILIES for pair in tests[1] for arm in pair}
+    (one,) = SC.family_rows(study, [("ppo_clip_tm", "grpo")])
+    assert one["holm"] == 0.05 and one["verdict"] == "holds"
+    two = SC.family_rows(study, SC.FAMILIES[2][1])  # Holm-adjusted 0.1 each: the raw test alone rejects
+    assert [r["verdict"] for r in two] == ["holds uncorrected only"] * 2
+    page = SC.verdicts_page(study)
+    assert "**holds** (Holm-adjusted p <= 0.05), **holds uncorrected only** (raw p <= 0.05)" in page
+    heads = [line for line in page.splitlines() if line.startswith("## ")]
+    assert [h[3] for h in heads] == ["1", "2", "3", "4", "5"]  # the protocol's order
+
+
+def test_the_figure_draws_accuracy_entropy_and_response_length_against_step(tmp_path, monkeypatch):
+    """The protocol promises response length against step beside accuracy and entropy: one panel each, an arm's
+    curve the mean of its finished runs."""
+    from cegppo_utils import runfolder
+    drawn = {}
+    monkeypatch.setattr(runfolder, "save_figure", lambda fig, path, **k: drawn.update(fig=fig, path=path))
+    a, b = run(lambda s: 0.4), run(lambda s: 0.4)
+    for r, length in ((a, 80.0), (b, 100.0)):
+        for row in r["steps"][1:]:
+            row["response_length_mean"] = length + row["step"]
+    SC.figures({"grpo": {"10": a, "11": b}}, ["grpo"], str(tmp_path))
+    axes = drawn["fig"].axes
+    assert [ax.get_title() for ax in axes] == ["accuracy", "entropy (steps that trained)", "response length"]
+    (line,) = axes[2].get_lines()
+    assert list(line.get_xdata()) == list(range(1, SC.STEPS + 1))
+    assert list(line.get_ydata()) == [90.0 + s for s in range(1, SC.STEPS + 1)]

@@ -156,7 +156,8 @@ def test_messages_are_escaped_and_cut():
     assert cli.short("a\nb\x1b[31m\u2028") == "a\\nb\\x1b[31m\\u2028"
     assert cli.short("y" * 300, 10) == "yyyyyyyyyy... (300 characters)"
     line = cli.one_line("path /a\nb: " + "z" * 5000 + " and more")
-    assert "\n" not in line and line.startswith("path /a\\nb: " + "z" * cli.LIMIT + "... (5000 characters) and more")
+    assert "\n" not in line and line.startswith("path /a\\nb: " + "z" * 80 + "... (5000 characters) and more")
+    assert cli.one_line is runfolder.one_line  # the tools' messages follow train.py's and evaluate.py's rule
 
 
 def test_the_writers_replace_a_link_at_a_files_name_and_keep_its_target(tmp_path):
@@ -193,3 +194,31 @@ def test_output_and_folder_checks_say_what_stands_in_the_way(tmp_path):
     assert cli.output_problem(f"{t}/new/x.json", "--output", create=True) is None and (tmp_path / "new").is_dir()
     assert cli.folder_problem(f"{t}/a_file", "--figures") == f"--figures {t}/a_file is a file, not a folder"
     assert cli.input_problem(f"{t}/link", "--json") is None  # a link to a file is read as the file
+
+
+def test_an_output_path_naming_a_folder_is_refused_made_or_not(tmp_path):
+    """--output newdir/ passed the check, and the tool's work ended in FileNotFoundError when it wrote: a path ending
+    in a separator (or in . or ..) names a folder, made or not."""
+    t = str(tmp_path)
+    for path in (f"{t}/newdir/", f"{t}/newdir/.", f"{t}/newdir/.."):
+        assert cli.output_problem(path, "--output") == f"--output {path} names a folder; name a file", path
+    assert cli.output_problem(f"{t}/newdir/", "--output", create=True) and not (tmp_path / "newdir").exists()
+    assert cli.output_problem(f"{t}/newdir/x.json", "--output") is None
+
+
+def test_a_name_given_twice_is_taken_once_in_the_order_first_given():
+    """study.py --configs grpo,grpo --parallel 2 ran two trainers on one run folder."""
+    parser = cli.Parser("tool.py")
+    known = ["grpo", "dapo", "ppo_clip"]
+    assert cli.choices(parser, "dapo,grpo,dapo, grpo,ppo_clip", known, "--configs") == ["dapo", "grpo", "ppo_clip"]
+
+
+def test_a_folder_at_an_outputs_name_is_found_before_the_work(tmp_path):
+    """A file is written whole by replacing its name, which a folder there stops only once the work is done; a link
+    there is replaced, so it does not stand in the way."""
+    (tmp_path / "table.md").mkdir()
+    os.symlink(tmp_path / "table.md", tmp_path / "link.md")
+    t = str(tmp_path)
+    assert cli.outputs_problem(t, ["a.md", "table.md"], "--figures") == (f"--figures {t}: table.md in it is a folder; "
+                                                                         "move it aside")
+    assert cli.outputs_problem(t, ["a.md", "link.md"], "--figures") is None

@@ -1,6 +1,6 @@
 """Speed and memory of the project's hot paths, measured side by side in one run.
 
-    python -m tools.bench                      # all sections, table on stdout
+    python -m tools.bench                      # every section but update_levers, table on stdout
     python -m tools.bench --only loss --output bench.json
     python -m tools.bench --only step --step-repeats 5 --step-steps 5    # ours vs TRL (needs requirements-bench.txt)
     python -m tools.bench --only step --step-model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B --step-prompts 64 \
@@ -26,14 +26,20 @@ Sections:
   step_long the same step with every response exactly --step-long-tokens (256) long on both sides: rollout-bound
   update_throughput  one train.py update, packed (--micro-batch-tokens) against padded micro-batches, through the
             attention train.py runs, on long-tailed response lengths and on short uniform rows: tokens/s and model
-            FLOPs utilisation against a GEMM rate measured on the same device (formula above bench_update_throughput);
-            --device cuda: R1-Distill-Qwen-1.5B's shape, bf16, 16k cap, peak memory (target >= 40% MFU on an H100);
-            CPU: a scaled-down shape (target packed >= 2x padded tokens/s long-tailed, >= 1x short and uniform)
+            FLOPs utilisation (formula above bench_update_throughput); --device cuda: R1-Distill-Qwen-1.5B's shape,
+            bf16, 16k cap, peak memory, MFU against the card's dense bf16 peak (DENSE_BF16_PEAK_TFLOPS; target packed
+            >= 40%) with the GEMM rate measured on the same device beside it (the only one for a card the table does
+            not name); CPU: a scaled-down shape (target packed >= 2x padded tokens/s long-tailed, >= 1x short and
+            uniform)
+  update_levers  (GPU only, --device cuda; not in the default set: five updates at the 1.5B shape) update_throughput's
+            long-tailed draw once per lever of the one-GPU update (UPDATE_LEVERS: fp32 weights under autocast or
+            FSDP2's bf16, Liger's kernels, gradient checkpointing full, selective or off), each a fresh model
   update_memory  (GPU only) one train.py update (stages 5 and 6) at the 1.5B model's shape, random weights, 2 x
             16,384-token responses: peak memory with full logits against the fused log-probs, each in a fresh process
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -441,9 +447,10 @@ def update_model(config, device, attn="preset", weights="fp32", liger=False, che
 
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' datasheets, TFLOP/s, by a name torch reports; the
-# first match counts, so the longer names come first. Another card's MFU is taken against the GEMM rate measured.
-DENSE_BF16_PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0),
-                          ("A100", 312.0))
+# first match counts, so the longer names come first ("H200" is in "H200 NVL"). Another card's MFU is taken against
+# the GEMM rate measured.
+DENSE_BF16_PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200 NVL", 835.0),
+                          ("H200", 989.0), ("A100", 312.0))
 
 
 def dense_bf16_peak(device_name: str) -> float | None:
@@ -451,9 +458,11 @@ def dense_bf16_peak(device_name: str) -> float | None:
     return next((tflops * 1e12 for name, tflops in DENSE_BF16_PEAK_TFLOPS if name in device_name), None)
 
 
+@contextlib.contextmanager
 def counting_kernels():
-    """attention.KERNELS wrapped to count the calls of each kernel (the rows say which attention really ran):
-    (restore, counts)."""
+    """Within the block, attention.KERNELS wrapped to count the calls of each kernel (the rows say which attention
+    really ran); yields the counts. The kernels are put back however the block ends: bench_update_levers catches an
+    out-of-memory error and goes on to the next lever, which must not run through (and count into) these wrappers."""
     from cegppo_utils import attention
     counts, original = {}, dict(attention.KERNELS)
 
@@ -463,7 +472,10 @@ def counting_kernels():
             return kernel(*a)
         return call
     attention.KERNELS.update({name: counted(name, kernel) for name, kernel in original.items()})
-    return (lambda: attention.KERNELS.update(original)), counts
+    try:
+        yield counts
+    finally:
+        attention.KERNELS.update(original)
 
 
 def random_sequences(config, lengths, seed=2):
@@ -487,6 +499,25 @@ def update_draws(cuda, sequences, median, cap, prompt_range, seed=2) -> dict:
     return {"long_tailed": long_tailed, "short_uniform": short_uniform}
 
 
+def alternating_updates(model, optimizer, device, seqs, layouts, repeats, micro_batch, budget) -> dict:
+    """{layout: [(seconds, micro-batches, peak bytes)] of `repeats` timed updates of `seqs`}: padded micro-batches of
+    `micro_batch` and packed rows of `budget` tokens in turn, after a warm-up round of each."""
+    import train
+    from cegppo_utils import flags
+    runs = {name: [] for name in layouts}
+    for round_ in range(repeats + 1):
+        for name, tokens in (("padded", 0), ("packed", budget)):
+            if name not in layouts:
+                continue
+            args = flags.resolve("r1-distill-1.5b", {"micro_batch_size": micro_batch, "micro_batch_tokens": tokens,
+                                                     "precision": "bf16" if device.type == "cuda" else "fp32"})
+            policy = train.make_policy(args, model, optimizer, pad_id=0, device=device, fused=True)
+            result = _timed_update(policy, seqs, args)
+            if round_:  # the first round is warm-up
+                runs[name].append(result)
+    return runs
+
+
 def bench_update_throughput(device="cpu", sequences=16, median=None, cap=None, budget=None, micro_batch=4, repeats=3,
                             prompt_range=None, attn="preset", draws=("long_tailed", "short_uniform"), config=None,
                             weights=None, liger=None, checkpointing=True, layouts=("padded", "packed")):
@@ -497,8 +528,6 @@ def bench_update_throughput(device="cpu", sequences=16, median=None, cap=None, b
     weights, Liger's kernels; weights="fp32" and liger=False: bf16 autocast over fp32 weights, eager ops), median
     3,000 capped at 16,384, budget 20,480 (the preset's 4,096-token prompt + 16,384 response). config: another model
     shape (tests)."""
-    import train
-    from cegppo_utils import flags
     device = torch.device(device)
     cuda = device.type == "cuda"
     if cuda and not torch.cuda.is_available():
@@ -508,55 +537,42 @@ def bench_update_throughput(device="cpu", sequences=16, median=None, cap=None, b
     prompt_range = prompt_range or ((128, 1024) if cuda else (16, 128))
     budget = budget or (20480 if cuda else 2048 + 128)
     lengths = update_draws(cuda, sequences, median, cap, prompt_range)
-    weights = weights or ("bf16" if cuda else "fp32")
-    liger = cuda if liger is None else liger
+    weights, liger = weights or ("bf16" if cuda else "fp32"), cuda if liger is None else liger
     model = update_model(config, device, attn, weights, liger, checkpointing)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     rate = matmul_rate(device)
     name = torch.cuda.get_device_name() if cuda else cpu_model()
     peak = dense_bf16_peak(name) if cuda else None
-    implementation = model.config._attn_implementation
     precision = ("bf16: FSDP2 mixed precision, fp32 master weights" if weights == "bf16" else
                  "bf16 autocast over fp32 weights" if cuda else "fp32")
     out = {"device": name, "shape": "R1-Distill-Qwen-1.5B" if cuda else f"CPU_SHAPE {config}", "precision": precision,
            "liger": liger, "gradient_checkpointing": checkpointing, "budget": budget, "micro_batch_size": micro_batch,
            "matmul_rate_tflops": rate / 1e12, "dense_bf16_peak_tflops": peak and peak / 1e12,
-           "attention": implementation,
+           "attention": model.config._attn_implementation,
            "long_tailed_lengths": f"{sequences} sequences: prompts U[{prompt_range[0]}, {prompt_range[1]}], responses "
                                   f"lognormal median {median} sigma 1 capped at {cap}",
            "short_uniform_lengths": f"{4 * sequences} sequences: " + (
                "prompts U[128, 256], responses U[768, 1024]" if cuda else "prompts U[16, 32], responses U[48, 64]")}
-    restore, kernels = counting_kernels()
-    for draw in draws:
-        seqs = random_sequences(config, lengths[draw])
-        runs = {name: [] for name in layouts}
-        for round_ in range(repeats + 1):
-            for name, tokens in (("padded", 0), ("packed", budget)):
-                if name not in layouts:
-                    continue
-                args = flags.resolve("r1-distill-1.5b", {"micro_batch_size": micro_batch, "micro_batch_tokens": tokens,
-                                                         "precision": "bf16" if cuda else "fp32"})
-                policy = train.make_policy(args, model, optimizer, pad_id=0, device=device, fused=True)
-                result = _timed_update(policy, seqs, args)
-                if round_:  # the first round is warm-up
-                    runs[name].append(result)
-        flops, total = update_flops(config, lengths[draw]), sum(p + r for p, r in lengths[draw])
-        out.update({f"{draw}_tokens": total, f"{draw}_model_flops": flops,
-                    f"{draw}_response_mean": statistics.mean(r for _, r in lengths[draw]),
-                    f"{draw}_response_max": max(r for _, r in lengths[draw])})
-        for name, rs in runs.items():
-            seconds = statistics.median(r[0] for r in rs)
-            out.update({f"{draw}_{name}_s": seconds, f"{draw}_{name}_micro_batches": rs[0][1],
-                        f"{draw}_{name}_tokens_per_s": total / seconds, f"{draw}_{name}_mfu": flops / seconds / rate,
-                        f"{draw}_{name}_runs_s": [r[0] for r in rs]})
-            if peak:
-                out[f"{draw}_{name}_mfu_of_peak"] = flops / seconds / peak
-            if cuda:
-                out[f"{draw}_{name}_peak_gib"] = max(r[2] for r in rs) / 2**30
-        if len(runs) == 2:  # the median of the per-round ratios: a noisy machine slows both sides of a round alike
-            out[f"{draw}_packed_speedup"] = statistics.median(a[0] / b[0]
-                                                              for a, b in zip(runs["padded"], runs["packed"]))
-    restore()
+    with counting_kernels() as kernels:
+        for draw in draws:
+            runs = alternating_updates(model, optimizer, device, random_sequences(config, lengths[draw]), layouts,
+                                       repeats, micro_batch, budget)
+            flops, total = update_flops(config, lengths[draw]), sum(p + r for p, r in lengths[draw])
+            out.update({f"{draw}_tokens": total, f"{draw}_model_flops": flops,
+                        f"{draw}_response_mean": statistics.mean(r for _, r in lengths[draw]),
+                        f"{draw}_response_max": max(r for _, r in lengths[draw])})
+            for name, rs in runs.items():
+                seconds = statistics.median(r[0] for r in rs)
+                out.update({f"{draw}_{name}_s": seconds, f"{draw}_{name}_micro_batches": rs[0][1],
+                            f"{draw}_{name}_tokens_per_s": total / seconds,
+                            f"{draw}_{name}_mfu": flops / seconds / rate, f"{draw}_{name}_runs_s": [r[0] for r in rs]})
+                if peak:
+                    out[f"{draw}_{name}_mfu_of_peak"] = flops / seconds / peak
+                if cuda:
+                    out[f"{draw}_{name}_peak_gib"] = max(r[2] for r in rs) / 2**30
+            if len(runs) == 2:  # the median of the per-round ratios: a noisy machine slows both sides of a round alike
+                out[f"{draw}_packed_speedup"] = statistics.median(a[0] / b[0]
+                                                                  for a, b in zip(runs["padded"], runs["packed"]))
     out["attention_kernel_calls"] = dict(kernels)
     out["target"] = ("packed >= 2x padded tokens/s on long_tailed, >= 1x on short_uniform; GPU: the packed update "
                      ">= 40% of the card's dense bf16 peak")
@@ -581,7 +597,9 @@ def bench_update_levers(device="cuda", sequences=16, repeats=1):
     in this process (each model freed before the next): tokens/s, MFU against the dense peak and the GEMM rate, peak
     memory and the attention kernel that ran, per lever."""
     import gc
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+    if torch.device(device).type != "cuda":
+        return {"skipped": "GPU only (--device cuda): the levers are the one-GPU update's at the 1.5B shape"}
+    if not torch.cuda.is_available():
         return {"skipped": "--device cuda but no CUDA GPU"}
     out = {}
     for name, lever in UPDATE_LEVERS:
@@ -966,10 +984,16 @@ def cpu_model():
         return platform.processor() or platform.machine()
 
 
-def main():
-    from tools import cli  # one line and exit code 2 for every bad input, before any section runs
+# The sections `python -m tools.bench` runs without --only: every one but update_levers, which times five updates at
+# the 1.5B shape on a GPU (the GPU rows come from runs that name their sections: docs/performance.md).
+DEFAULT_SECTIONS = [name for name in SECTIONS if name != "update_levers"]
+
+
+def make_parser():
+    from tools import cli
     parser = cli.Parser("bench.py", description=__doc__)
-    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections from {list(SECTIONS)}")
+    parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS),
+                        help=f"comma-separated sections from {list(SECTIONS)} (default: all but update_levers)")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
     parser.add_argument("--step-repeats", type=int, default=5, help="step: runs of each side, alternating")
     parser.add_argument("--step-steps", type=int, default=5, help="step: RL steps per run (the first is warm-up)")
@@ -980,25 +1004,31 @@ def main():
     parser.add_argument("--step-micro-batch", type=int, default=32, help="step: sequences per forward/backward")
     parser.add_argument("--step-long-tokens", type=int, default=256, help="step_long: every response this long")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                        help="logprobs, update_throughput: where they run")
+                        help="logprobs, update_throughput, update_levers: where they run")
     parser.add_argument("--logprobs-tokens", type=int, default=4096, help="logprobs: response tokens through the head")
     parser.add_argument("--update-response-tokens", type=int, default=16384, help="update_memory: tokens per response")
-    parser.add_argument("--update-sequences", type=int, default=16, help="update_throughput: sequences in the update")
+    parser.add_argument("--update-sequences", type=int, default=16,
+                        help="update_throughput, update_levers: sequences in the update")
     parser.add_argument("--update-budget", type=int, default=0,
                         help="update_throughput: --micro-batch-tokens (0: the default)")
-    parser.add_argument("--update-repeats", type=int, default=3, help="update_throughput: alternating rounds measured")
+    parser.add_argument("--update-repeats", type=int, default=None, help="update_throughput, update_levers: "
+                        "alternating rounds measured (default: 3 for update_throughput, 1 for update_levers)")
     parser.add_argument("--update-attn", default="preset", help="update_throughput: attention, 'preset' (attention.py, "
                         "as train.py runs it) or a transformers attn_implementation (sdpa | eager | flash_attention_2)")
     parser.add_argument("--_trl-worker", default=None, help=argparse.SUPPRESS)  # internal: the TRL side of `step`
-    args = parser.parse_args()
-    if args._trl_worker:
-        return _trl_worker(json.loads(args._trl_worker))
+    return parser
+
+
+def argument_checks(parser, args) -> list[str]:
+    """Every bad input, one line and exit code 2 before any section runs (the output's folder made now): the sections
+    to run."""
+    from tools import cli
     if args.step_steps < 2 or args.step_repeats < 1:
         parser.error("--step-steps must be >= 2 (the first step is warm-up) and --step-repeats >= 1")
     if args.step_prompts < 1 or args.step_micro_batch < 1 or (args.step_prompts * 8) % args.step_micro_batch:
         parser.error(f"--step-micro-batch ({args.step_micro_batch}) must divide --step-prompts x 8 = "
                      f"{args.step_prompts * 8}")
-    if args.update_repeats < 1:
+    if args.update_repeats is not None and args.update_repeats < 1:
         parser.error(f"--update-repeats must be >= 1, got {args.update_repeats}")
     for flag, value, low in (("--step-max-tokens", args.step_max_tokens, 1),
                              ("--step-long-tokens", args.step_long_tokens, 1),
@@ -1008,7 +1038,7 @@ def main():
         if value < low:
             parser.error(f"{flag} {value}: must be >= {low}")
     names = cli.choices(parser, args.only, SECTIONS, "--only", "section")
-    reads_device = [n for n in names if n in ("logprobs", "update_throughput")]
+    reads_device = [n for n in names if n in ("logprobs", "update_throughput", "update_levers")]
     if args.device == "cuda" and reads_device and not torch.cuda.is_available():
         parser.error(f"--device cuda: no CUDA device here (torch {torch.__version__}); {', '.join(reads_device)} "
                      "would run on it: run them with --device cpu, or on a GPU")
@@ -1016,34 +1046,50 @@ def main():
     problem = args.output and cli.output_problem(args.output, "--output", create=True)
     if problem:  # before the sections run (minutes), not when their results are written; its folder made now
         parser.error(problem)
+    return names
+
+
+def section_arguments(args) -> dict:
+    """Each section's keyword arguments from the command line (a repeat count left out keeps the section's own)."""
+    step = dict(steps=args.step_steps, repeats=args.step_repeats, model=args.step_model, prompts=args.step_prompts,
+                micro_batch=args.step_micro_batch)
+    update = dict(device=args.device, sequences=args.update_sequences)
+    if args.update_repeats is not None:
+        update["repeats"] = args.update_repeats
+    return {"loss": {}, "reward": {}, "rollout": {},
+            "step": dict(step, max_tokens=args.step_max_tokens), "step_long": dict(step, tokens=args.step_long_tokens),
+            "logprobs": dict(device=args.device, tokens=args.logprobs_tokens),
+            "update_memory": dict(response_tokens=args.update_response_tokens),
+            "update_throughput": dict(update, budget=args.update_budget, attn=args.update_attn),
+            "update_levers": update}
+
+
+def print_section(name: str, result: dict) -> None:
+    print(f"\n## {name}")
+    for key, value in result.items():
+        if key.startswith("raw_"):
+            continue  # per-item data: in the JSON only
+        if isinstance(value, list):
+            print(f"  {key}:" + "".join(f"\n    - {v}" for v in value))
+        else:
+            print(f"  {key:28s} {value:.4g}" if isinstance(value, float) else f"  {key:28s} {value}")
+
+
+def main():
+    parser = make_parser()
+    args = parser.parse_args()
+    if args._trl_worker:
+        return _trl_worker(json.loads(args._trl_worker))
+    names = argument_checks(parser, args)
     results = {
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
                     "threads": torch.get_num_threads(),
                     "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
     }
+    kwargs = section_arguments(args)
     for name in names:
-        kwargs = {}
-        if name.startswith("step"):
-            kwargs = dict(steps=args.step_steps, repeats=args.step_repeats, model=args.step_model,
-                          prompts=args.step_prompts, micro_batch=args.step_micro_batch)
-            kwargs.update(max_tokens=args.step_max_tokens) if name == "step" else kwargs.update(
-                tokens=args.step_long_tokens)
-        elif name == "logprobs":
-            kwargs = dict(device=args.device, tokens=args.logprobs_tokens)
-        elif name == "update_memory":
-            kwargs = dict(response_tokens=args.update_response_tokens)
-        elif name == "update_throughput":
-            kwargs = dict(device=args.device, sequences=args.update_sequences, budget=args.update_budget,
-                          attn=args.update_attn, repeats=args.update_repeats)
-        results[name] = SECTIONS[name](**kwargs)
-        print(f"\n## {name}")
-        for key, value in results[name].items():
-            if key.startswith("raw_"):
-                continue  # per-item data: in the JSON only
-            if isinstance(value, list):
-                print(f"  {key}:" + "".join(f"\n    - {v}" for v in value))
-            else:
-                print(f"  {key:28s} {value:.4g}" if isinstance(value, float) else f"  {key:28s} {value}")
+        results[name] = SECTIONS[name](**kwargs[name])
+        print_section(name, results[name])
     if args.output:  # whole or not at all, never through a link planted at its name
         from cegppo_utils import runfolder
         runfolder.write_json_atomically(args.output, results)

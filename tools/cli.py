@@ -17,11 +17,10 @@ import tempfile
 
 from cegppo_utils import flags
 from cegppo_utils.data import UserError, first_line
+from cegppo_utils.runfolder import one_line  # the one rule train.py's and evaluate.py's messages follow too
 
 LIMIT = 200  # characters of one value in a message: a long path fits, a 100,000-character value does not
-LINE_LIMIT = 1000  # characters of a whole message, the last guard
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-_LONG_WORD = re.compile(r"\S{%d,}" % (LIMIT + 4))  # longer than what short() leaves of a value (LIMIT and "...")
 
 
 def escape(text) -> str:
@@ -33,12 +32,6 @@ def short(value, limit: int = LIMIT) -> str:
     """A value for a message: escaped, and cut to `limit` characters with its length said."""
     text = escape(value)
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
-
-
-def one_line(message) -> str:
-    """A whole message as one readable line: escaped, every word longer than LIMIT cut, the whole cut at LINE_LIMIT."""
-    text = _LONG_WORD.sub(lambda m: short(m.group()), escape(message))
-    return short(text, LINE_LIMIT)
 
 
 def fail(prog: str, message) -> None:
@@ -98,8 +91,9 @@ class Parser(argparse.ArgumentParser):
 
 
 def choices(parser, value: str, known, flag: str, what: str = "name") -> list[str]:
-    """The comma-separated names of `value`, each from `known`, at least one; else parser.error, one line."""
-    names = [n.strip() for n in value.split(",") if n.strip()]
+    """The comma-separated names of `value`, each from `known`, at least one, each once in the order first given (a
+    name given twice would run twice: two trainers on one run folder); else parser.error, one line."""
+    names = list(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
     unknown = [n for n in names if n not in known]
     if unknown:
         parser.error(f"{flag}: unknown {what}(s) {short(unknown)}; choose from {list(known)}")
@@ -219,6 +213,19 @@ def output_problem(path: str, flag: str, create: bool = False) -> str | None:
         return f"{shown} is a folder; name a file in it"
     if mode is not None and not stat.S_ISREG(mode):
         return f"{shown} is {_kind(mode)}, not a regular file"
+    if path.endswith(os.sep) or os.path.basename(path) in (".", ".."):  # a folder's path, made or not yet
+        return f"{shown} names a folder; name a file"
     folder = os.path.dirname(os.path.abspath(path))
     reason = _folder_reason(folder, create)
     return reason and f"{shown}: its folder {short(folder)} {reason}"
+
+
+def outputs_problem(folder: str, names, flag: str) -> str | None:
+    """Why the files `names` cannot be written into `folder` (None if they can): a folder standing at one's name. Each
+    is written whole by replacing its name (os.replace), which a folder there stops only once the work is done; a
+    link there is replaced, never written through."""
+    for name in names:
+        path = os.path.join(folder, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            return f"{flag} {short(folder)}: {name} in it is a folder; move it aside"
+    return None

@@ -205,10 +205,12 @@ PRESET_PROMPTS, PRESET_RESPONSE = (4096, 3072, 2048, 1024), 16384
 
 def preset_path(folder, device="cuda", config=None, prompts=PRESET_PROMPTS, response=PRESET_RESPONSE) -> dict:
     """The preset's own path, as train.py runs it, on random weights: the engine (rollout.make_sampler with the
-    preset's dtype, context and memory share) from a folder of these weights in bf16, the trainer (fp32, gradient
-    checkpointing, the attention train.py runs, fused log-probs, AdamW with its moments resident), the engine asleep
-    through one update of a micro-batch of len(prompts) sequences, then wake, sync, the exact check and the probe.
-    Returns the numbers (memory ones on CUDA only). config: another model shape (a CPU runs a small one)."""
+    preset's dtype, context and memory share) from a folder of these weights in bf16, the trainer (placed as
+    train.load_policy places it for the preset's --precision bf16: FSDP2's bf16 compute over fp32 master weights;
+    Liger's kernels off, gradient checkpointing, the attention train.py runs, fused log-probs, AdamW with its moments
+    resident), the engine asleep through one update of a micro-batch of len(prompts) sequences, then wake, sync, the
+    exact check and the probe. Returns the numbers (memory ones on CUDA only). config: another model shape (a CPU
+    runs a small one)."""
     import rollout
     import train
     from cegppo_utils import distributed as D

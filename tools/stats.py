@@ -7,18 +7,26 @@ import functools
 import math
 
 
-def _t_log_norm(dof):
-    return math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
+def t_sf(x, dof):
+    """P(T > x) for Student's t with `dof` >= 1 degrees of freedom, to about 1e-11 at any x. With t = sqrt(dof)
+    tan(theta) the density over theta in (-pi/2, pi/2) is proportional to cos(theta)^(dof - 1), smooth and bounded, so
+    Simpson's rule over [atan(x / sqrt(dof)), pi/2] holds the whole tail however large x is (a grid over t itself
+    would have to reach infinity, and a fixed one over [0, x] spreads thin where the density lies when x is large)."""
+    if dof < 1:
+        raise ValueError(f"t_sf: dof {dof} < 1")
+    if x < 0:
+        return 1.0 - t_sf(-x, dof)
+    lo = math.atan(x / math.sqrt(dof))
+    n = 2000 * math.ceil(math.sqrt(max(1, dof / 25)))  # the density's width in theta shrinks as 1 / sqrt(dof)
+    h = (math.pi / 2 - lo) / n
+    f = [math.cos(lo + i * h) ** (dof - 1) for i in range(n + 1)]
+    norm = math.exp(math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2)) / math.sqrt(math.pi)
+    return norm * h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
 
 
 def t_cdf(x, dof):
-    """P(T <= x) for Student's t with `dof` degrees of freedom (Simpson's rule on the density)."""
-    if x < 0:
-        return 1.0 - t_cdf(-x, dof)
-    log_norm, n = _t_log_norm(dof), 2000
-    h = x / n
-    f = [math.exp(log_norm - (dof + 1) / 2 * math.log1p((i * h) ** 2 / dof)) for i in range(n + 1)]
-    return min(1.0, 0.5 + h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2])))
+    """P(T <= x) for Student's t with `dof` degrees of freedom (t_sf of -x: the tail, by symmetry)."""
+    return t_sf(-x, dof)
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,7 +73,7 @@ def t_test_p(values):
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     if sd == 0:
         return 1.0 if mean == 0 else 0.0
-    return 2 * (1 - t_cdf(abs(mean) / (sd / math.sqrt(n)), n - 1))
+    return 2 * t_sf(abs(mean) / (sd / math.sqrt(n)), n - 1)  # the tail itself: 1 - cdf would round a small p away
 
 
 def holm(pvalues, alpha=0.05):

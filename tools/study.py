@@ -39,7 +39,7 @@ import time
 
 from cegppo_utils import runfolder
 from cegppo_utils.data import UserError
-from tools import cli, study_active
+from tools import cli, study_active, study_json
 from tools.configs import CONFIGS, STUDY_DEFAULT
 from tools.stats import holm, logit_mean_ci, mean_ci, min_detectable, paired_power, t_test_p
 from tools.study_json import ROOT, SUPERSEDED, WARM_START, configurations, dedupe_steps, load_study, para, study_problem  # noqa: F401
@@ -185,8 +185,7 @@ def core_groups(parallel: int) -> list[list[int]]:
     depend on its thread count, which the run's hardware.jsonl records."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < parallel:
-        raise SystemExit(f"study.py: error: --parallel {parallel} needs as many cores; this process may use "
-                         f"{len(cores)}")
+        raise UserError(f"--parallel {parallel} needs as many cores; this process may use {len(cores)}")
     size = len(cores) // parallel
     return [cores[i * size:(i + 1) * size] for i in range(parallel)]
 
@@ -865,10 +864,16 @@ def draw_detectability(data: dict, path: str) -> str | None:
     return path
 
 
-def path_problem(args, root, figures, json_path) -> str | None:
+# What the report writes into --figures (study_active.OUTPUTS for merge-active).
+OUTPUTS = ("table1.md", "verdicts.md", "detectability.md", "detectability.png", "dynamic-clip.png",
+           *(file for file, *_ in FIGURES))
+
+
+def path_problem(args, root, figures, json_path, mechanism_path) -> str | None:
     """What is wrong with the study's paths, found before any run: --root or --figures naming a file or a folder that
-    cannot be made or written, --json naming a folder or holding what is not a study's JSON, --mechanism not a JSON
-    object, or the JSON's folder not writable."""
+    cannot be made or written, a folder at the name of a file the report writes, --json naming a folder or holding
+    what is not a study's JSON, the one-step experiment's JSON (--mechanism, or its default where it exists) not a
+    JSON object, or the JSON's folder not writable."""
     for flag, path, written in (("--root", args.root, not args.plot_only), ("--root", root, not args.plot_only),
                                 ("--figures", figures, not args.no_plot)):
         if os.path.lexists(path) and not os.path.isdir(path):
@@ -876,9 +881,13 @@ def path_problem(args, root, figures, json_path) -> str | None:
         problem = written and cli.folder_problem(path, flag)
         if problem:
             return problem
-    if args.mechanism:
+    outputs = study_active.OUTPUTS if args.preset == "merge-active" else OUTPUTS
+    problem = not args.no_plot and cli.outputs_problem(figures, outputs, "--figures")
+    if problem:
+        return problem
+    if os.path.lexists(mechanism_path):
         try:
-            cli.read_json(args.mechanism, "--mechanism", what="a JSON object")
+            cli.read_json(mechanism_path, "--mechanism", what="a JSON object")
         except UserError as e:
             return str(e)
     if not os.path.lexists(json_path):
@@ -899,8 +908,7 @@ def path_problem(args, root, figures, json_path) -> str | None:
     return cli.folder_problem(folder, f"--json {cli.short(json_path)}: its folder")
 
 
-def main():
-    from cegppo_utils import flags  # train.py's command line, which checks the flags passed through
+def make_parser() -> cli.Parser:
     parser = cli.Parser("study.py", description=__doc__)
     parser.add_argument("--preset", default="tiny", help="train.py preset: task, model and the update's settings")
     parser.add_argument("--steps", type=int, default=50, help="RL steps per run")
@@ -918,10 +926,13 @@ def main():
     parser.add_argument("--plot-only", action="store_true", help="only redraw from existing runs (the report mode)")
     parser.add_argument("--no-plot", action="store_true", help="only run, do not draw")
     parser.add_argument("--parallel", type=int, default=1, help="runs at once, each pinned to cores / parallel cores")
-    args, train_flags = parser.parse_known_args()  # any other flag is a train.py flag, for every run
-    for key in ("root", "figures", "json", "mechanism"):  # a leading ~ is the home folder, also after --root=
-        setattr(args, key, getattr(args, key) and os.path.expanduser(getattr(args, key)))
-    # Every input error ends here, in one line with exit code 2, before any run starts.
+    return parser
+
+
+def argument_checks(parser, args, train_flags):
+    """Every error of the command line itself, one line with exit code 2 before any run starts: (seeds, names, the
+    core groups the runs take, the train.py flags every run gets, train.py's settings of them)."""
+    from cegppo_utils import flags  # train.py's command line, which checks the flags passed through
     for token in flags.dash_flags(train_flags):
         name = token.split("=", 1)[0]
         if name in OWNED:
@@ -937,9 +948,10 @@ def main():
         parser.error(f"--steps {args.steps}: must be >= 1")
     if args.parallel < 1:
         parser.error("--parallel must be >= 1")
-    if args.parallel > len(os.sched_getaffinity(0)):
-        parser.error(f"--parallel {args.parallel} needs as many cores; this process may use "
-                     f"{len(os.sched_getaffinity(0))}")
+    try:
+        groups = core_groups(args.parallel)
+    except UserError as e:
+        parser.error(str(e))
     names = cli.choices(parser, args.configs, CONFIGS, "--configs", "config")
     if args.mechanism and not os.path.lexists(args.mechanism):
         parser.error(f"--mechanism: no such file {cli.short(args.mechanism)}")
@@ -949,49 +961,91 @@ def main():
         for name in names:  # each configuration's flags with the passed ones, as its runs will get them
             flags.parse_args(["--preset", args.preset, *CONFIGS[name], "--seed", str(seeds[0]), "--max-steps",
                               str(args.steps), *extra], prog="study.py")
+    return seeds, names, groups, extra, settings
+
+
+def resume_refusals(parser, args, root, names, seeds) -> None:
+    """A run the study could not resume (run_one's refusal) ends the study, one line, before any run starts."""
+    from cegppo_utils import runfolder as RF
+    for name, seed in [(name, seed) for seed in seeds for name in names]:
+        out = os.path.join(root, f"{name}-s{seed}")
+        if not os.path.isdir(out):
+            continue
+        why = folder_refusal(out)  # before anything in the folder is read: a FIFO there would block the read
+        if not why:
+            done = dedupe_steps(RF.read_jsonl(os.path.join(out, "metrics.jsonl")))
+            final = os.path.join(out, "final", "config.json")
+            ended = done and done[-1]["step"] >= args.steps and os.path.exists(final)
+            why = None if ended else refusal(out, done, resuming=True)
+        if why:
+            parser.error(f"{name} seed {seed}: refused ({out}): {why}; move that run folder aside to run it again")
+
+
+def run_all(args, root, names, seeds, extra, groups) -> None:
+    """Every run, seed-major (an interrupted study has whole seeds first), len(groups) at once, each pinned to a free
+    group of cores; a failed run is named when all have ended (exit code 1)."""
+    free = queue.Queue()
+    for group in groups:
+        free.put(group)
+
+    def pinned(name, seed):  # a run takes a free group of cores and gives it back when it ends
+        cores = free.get()
+        try:
+            return run_one(args.preset, name, seed, args.steps, os.path.join(root, f"{name}-s{seed}"), extra, cores)
+        finally:
+            free.put(cores)
+
+    with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
+        futures = [pool.submit(pinned, name, seed) for seed in seeds for name in names]
+        failed = [str(f.exception()) for f in futures if f.exception()]
+    if failed:
+        sys.exit("\n".join(failed))
+
+
+def write_report(args, study: dict, figures: str, mechanism_path: str, missing: list[str]) -> list[str]:
+    """The table, the verdicts and the figures of the finished runs (an unfinished run's last evaluation is not its
+    final one); the files written."""
+    finished = study_json.finished(study, args.steps)
+    unfinished = [f"{n} seed {s} ({r['steps_done']} steps)" for n, runs in study.items() for s, r in runs.items()
+                  if r["steps_done"] < args.steps]
+    mechanism = cli.read_json(mechanism_path, "--mechanism") if os.path.lexists(mechanism_path) else None
+    os.makedirs(figures, exist_ok=True)
+    table = table1(finished)
+    if unfinished:
+        table += f"\n\nNot finished (left out above): {', '.join(unfinished)}."
+    if missing:
+        table += (f"\n\nPlanned evaluations missing (their runs' best avg@k is over the others): {'; '.join(missing)}.")
+    runfolder.write_text_atomically(os.path.join(figures, "table1.md"), table + "\n")
+    runfolder.write_text_atomically(os.path.join(figures, "verdicts.md"), verdicts(finished, mechanism) + "\n")
+    written = draw_figures(finished, figures)  # means over whole runs only
+    text, data = detectability(finished)
+    if text:
+        runfolder.write_text_atomically(os.path.join(figures, "detectability.md"), text + "\n")
+        written.append(draw_detectability(data, os.path.join(figures, "detectability.png")))
+    print(table)
+    return written
+
+
+def main():
+    parser = make_parser()
+    args, train_flags = parser.parse_known_args()  # any other flag is a train.py flag, for every run
+    for key in ("root", "figures", "json", "mechanism"):  # a leading ~ is the home folder, also after --root=
+        setattr(args, key, getattr(args, key) and os.path.expanduser(getattr(args, key)))
+    seeds, names, groups, extra, settings = argument_checks(parser, args, train_flags)
     root = os.path.join(args.root, args.preset)
     figures = args.figures or os.path.join(ROOT, "docs", "figures", f"study-{args.preset}")
     json_path = args.json or os.path.join(ROOT, "docs", "figures", f"study-{args.preset}.json")
-    problem = path_problem(args, root, figures, json_path)
+    mechanism_path = args.mechanism or os.path.join(ROOT, "docs", "figures", f"mechanism-{args.preset}-warm.json")
+    problem = path_problem(args, root, figures, json_path, mechanism_path)
     if problem:
         parser.error(problem)
-    if not args.plot_only:  # a run the study could not resume (run_one's refusal), before any run starts
-        from cegppo_utils import runfolder as RF
-        for name, seed in [(name, seed) for seed in seeds for name in names]:
-            out = os.path.join(root, f"{name}-s{seed}")
-            if not os.path.isdir(out):
-                continue
-            why = folder_refusal(out)  # before anything in the folder is read: a FIFO there would block the read
-            if not why:
-                done = dedupe_steps(RF.read_jsonl(os.path.join(out, "metrics.jsonl")))
-                final = os.path.join(out, "final", "config.json")
-                ended = done and done[-1]["step"] >= args.steps and os.path.exists(final)
-                why = None if ended else refusal(out, done, resuming=True)
-            if why:
-                parser.error(f"{name} seed {seed}: refused ({out}): {why}; move that run folder aside to run it again")
-    start, warm_start = time.time(), None
-    if not args.plot_only:  # the runs start from the study's warm start or not at all (built here if not cached)
-        from cegppo_utils import models
-        warm_start = check_warm_start(load_study(json_path), models.resolve_model(settings.model), json_path)
     if not args.plot_only:
-        # seed-major: an interrupted study has whole seeds first
-        jobs = [(name, seed) for seed in seeds for name in names]
-        free = queue.Queue()
-        for group in core_groups(args.parallel):
-            free.put(group)
-
-        def pinned(name, seed):  # a run takes a free group of cores and gives it back when it ends
-            cores = free.get()
-            try:
-                return run_one(args.preset, name, seed, args.steps, os.path.join(root, f"{name}-s{seed}"), extra, cores)
-            finally:
-                free.put(cores)
-
-        with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
-            futures = [pool.submit(pinned, name, seed) for name, seed in jobs]
-            failed = [str(f.exception()) for f in futures if f.exception()]
-        if failed:
-            sys.exit("\n".join(failed))
+        resume_refusals(parser, args, root, names, seeds)
+    start, warm_start = time.time(), None
+    if not args.plot_only:
+        from cegppo_utils import models  # the runs start from the study's warm start (built here if not cached)
+        warm_start = check_warm_start(load_study(json_path), models.resolve_model(settings.model), json_path)
+        run_all(args, root, names, seeds, extra, groups)
     study = configurations(collect(json_path, root, names, seeds, warm_start=warm_start))
     missing = missing_evaluations(study, settings.eval_every, settings.eval_before_train)
     for line in missing:
@@ -1000,28 +1054,7 @@ def main():
         return
     if args.preset == "merge-active":  # the second study reads its claims by its own protocol
         return study_active.report(json_path, figures)
-    os.makedirs(figures, exist_ok=True)
-    # the table, the verdicts and the figures read finished runs only (an unfinished run's last evaluation is not its
-    # final one)
-    finished = {n: {s: r for s, r in runs.items() if r["steps_done"] >= args.steps} for n, runs in study.items()}
-    finished = {n: runs for n, runs in finished.items() if runs}
-    unfinished = [f"{n} seed {s} ({r['steps_done']} steps)" for n, runs in study.items() for s, r in runs.items()
-                  if r["steps_done"] < args.steps]
-    table = table1(finished)
-    if unfinished:
-        table += f"\n\nNot finished (left out above): {', '.join(unfinished)}."
-    if missing:
-        table += (f"\n\nPlanned evaluations missing (their runs' best avg@k is over the others): {'; '.join(missing)}.")
-    runfolder.write_text_atomically(os.path.join(figures, "table1.md"), table + "\n")
-    mechanism_path = args.mechanism or os.path.join(ROOT, "docs", "figures", f"mechanism-{args.preset}-warm.json")
-    mechanism = json.load(open(mechanism_path)) if os.path.exists(mechanism_path) else None
-    runfolder.write_text_atomically(os.path.join(figures, "verdicts.md"), verdicts(finished, mechanism) + "\n")
-    written = draw_figures(finished, figures)  # means over whole runs only
-    text, data = detectability(finished)
-    if text:
-        runfolder.write_text_atomically(os.path.join(figures, "detectability.md"), text + "\n")
-        written.append(draw_detectability(data, os.path.join(figures, "detectability.png")))
-    print(table)
+    written = write_report(args, study, figures, mechanism_path, missing)
     print(f"[study] total {time.time() - start:.0f}s; table and figures in {figures}: "
           f"{', '.join(map(os.path.basename, written))}")
 

@@ -15,10 +15,10 @@ import math
 import os
 
 from cegppo_utils import runfolder
-from tools import cli
+from tools import cli, study_json
 from tools.configs import CONFIGS, REGIME_GRID
 from tools.stats import holm, holm_adjusted, mean_ci, min_detectable, paired_power, t_test_p
-from tools.study_json import ROOT, configurations, load_study, para, study_problem
+from tools.study_json import ROOT, configurations, load_study, mean_entropy, para, pct, study_problem
 
 JSON = os.path.join(ROOT, "docs", "figures", "study-merge-active.json")
 FIGURES = os.path.join(ROOT, "docs", "figures", "study-merge-active")
@@ -133,10 +133,6 @@ def choose_regime(study: dict, seed: str = "100"):
     return rows, chosen, missing
 
 
-def pct(x) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}"
-
-
 def regime_report(study: dict) -> str:
     rows, chosen, missing = choose_regime(study)
     lines = ["| point | lr | optimizer steps per batch | outside the interval, steps 51-100 (%) | beta1 / beta2 "
@@ -172,12 +168,6 @@ ARMS = ["grpo", "ce_gppo_0.5_1", "ce_gppo_1_0.5", "ce_gppo_1_1", "ce_gppo_0_1", 
         "grpo_dyn_od_h0.5", "grpo_dyn_od", "dapo"]
 DROP_ORDER = ["dapo", "grpo_dyn_od", "grpo_dyn_did", "grpo_dyn_id", "grpo_dyn_od_h0.5"]
 BUDGET_CORE_SECONDS = 24 * 3600  # 12 hours of a 2-core machine running two one-core runs at once
-
-
-def mean_entropy(run):
-    """The primary endpoint: mean token entropy over all the run's steps."""
-    values = [r["entropy"] for r in step_rows(run) if r.get("entropy") is not None]
-    return sum(values) / len(values) if values else None
 
 
 def run_seconds(run) -> float:
@@ -489,10 +479,8 @@ def blocks_note(study: dict) -> str:
 
 
 def finished(study: dict, steps: int = 200) -> dict:
-    """The arms' runs that reached `steps` (a run still going is recorded with what it has logged so far)."""
-    done = {name: {s: r for s, r in runs.items() if r["steps_done"] >= steps}
-            for name, runs in configurations(study).items() if name not in REGIME_GRID}
-    return {name: runs for name, runs in done.items() if runs}
+    """The arms' runs that reached `steps` (study_json.finished), the regime grid's left out."""
+    return {name: runs for name, runs in study_json.finished(study, steps).items() if name not in REGIME_GRID}
 
 
 def report(json_path: str = JSON, figures: str = FIGURES) -> None:
@@ -530,10 +518,7 @@ def main():
     problem = cli.input_problem(json_path, "--json")
     for i, path in enumerate(block_paths(json_path)):
         problem = problem or study_problem(path, "--json" if i == 0 else f"--json's block {path[-6].upper()}")
-    problem = problem or cli.folder_problem(figures, "--figures")
-    taken = [name for name in OUTPUTS if os.path.isdir(os.path.join(figures, name))]
-    if taken:  # a folder at a table's name would stop the report after its work
-        problem = problem or f"--figures {cli.short(figures)}: {taken[0]} in it is a folder; move it aside"
+    problem = problem or cli.folder_problem(figures, "--figures") or cli.outputs_problem(figures, OUTPUTS, "--figures")
     if problem:
         parser.error(problem)
     cli.guard("study_active.py", report, json_path, figures)

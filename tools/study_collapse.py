@@ -11,9 +11,10 @@ that collapsed and in those that did not. Each part reads what exists so far and
 
 import math
 import os
+import re
 
 from cegppo_utils.data import UserError
-from tools import cli
+from tools import cli, study_json
 from tools.stats import (
     exact_trend,
     fisher_exact,
@@ -24,6 +25,7 @@ from tools.stats import (
     min_detectable_incidence,
     rank_correlation_p,
 )
+from tools.study_json import configurations, load_study, mean_entropy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JSON = os.path.join(ROOT, "docs", "figures", "study-collapse.json")
@@ -31,9 +33,11 @@ FIGURES = os.path.join(ROOT, "docs", "figures", "study-collapse")
 STEPS = 200  # every run's length
 WINDOW, FLOOR, AFTER, FINAL_FLOOR = 10, 0.05, 11, 0.10  # the endpoint: 10-step mean accuracy < 5% from step 11 on;
 # or final avg@8 < 10%
+ALPHA = 0.05  # a test "rejects at 5%" (the protocol) where its p, Holm-adjusted or raw, is at most this
 DOSE = [("ce_gppo_0_1", 0.0), ("ce_gppo_0.1_1", 0.1), ("ce_gppo_0.25_1", 0.25), ("ce_gppo_0.5_1", 0.5),
         ("ce_gppo_1_1", 1.0)]
-# The protocol's families: (name, [(arm, against), ...]); a family's tests are Holm-corrected together.
+# The protocol's families of Fisher tests: (name, [(arm, against), ...]); a family's tests are Holm-corrected
+# together. Its family 2, the dose, is one trend test (dose()).
 FAMILIES = [
     ("1. beta1 against the token-mean control", [("ce_gppo_0.5_1", "ppo_clip_tm"), ("ce_gppo_1_1", "ppo_clip_tm"),
                                                  ("ce_gppo_0_1", "ppo_clip_tm")]),
@@ -45,6 +49,9 @@ FAMILIES = [
 REGIONS = {"low_neg": "the beta1 region", "high_pos": "the beta2 region", "inside": "the tokens inside the interval"}
 EVIDENCE = ("eos_share", "late_share", "old_logp_mean", "ratio_p10", "ratio_p50")
 SHARES = {"low_neg": "clip_frac_low_neg", "high_pos": "clip_frac_high_pos"}
+# Every per-step number the pages and the figure read: each must be a number (or absent, or null) in a step's row.
+NUMBERS = ("acc_mean", "eval_acc", "entropy", "response_length_mean", *SHARES.values(),
+           *(f"{region}_{what}" for region in REGIONS for what in EVIDENCE))
 
 
 # --- one run -------------------------------------------------------------------------------------------------------
@@ -71,7 +78,8 @@ def onset(run) -> int | None:
 
 
 def finished(runs: dict) -> dict:
-    return {seed: run for seed, run in runs.items() if run.get("steps_done", 0) >= STEPS}
+    """An arm's runs that ran all STEPS, by seed."""
+    return study_json.finished_runs(runs, STEPS)
 
 
 def mean_over(rows, key):
@@ -87,20 +95,21 @@ def incidence(runs: dict) -> tuple[int, int]:
 
 
 def family_rows(study: dict, tests) -> list[dict]:
-    """Each test of a family: the two incidences, raw and Holm-adjusted p, and the verdict by the protocol's rule."""
+    """Each test of a family: the two incidences, raw and Holm-adjusted p, and the verdict by the protocol's rule.
+    Holm counts every test of the family, one without runs yet as p = 1: leaving it out would shrink the family and
+    loosen the others' thresholds while runs are missing."""
     rows = []
     for arm, against in tests:
         (a, n1), (b, n2) = incidence(study.get(arm, {})), incidence(study.get(against, {}))
         rows.append({"arm": arm, "against": against, "a": a, "n1": n1, "b": b, "n2": n2,
                      "p": fisher_exact(a, n1, b, n2) if n1 and n2 else None})
-    ps = [r["p"] for r in rows if r["p"] is not None]
-    adjusted, rejected = iter(holm_adjusted(ps)), iter(holm(ps))
-    for r in rows:
+    ps = [1.0 if r["p"] is None else r["p"] for r in rows]
+    for r, adjusted, reject in zip(rows, holm_adjusted(ps), holm(ps, ALPHA)):
         if r["p"] is None:
             r.update(holm=None, verdict="no runs yet")
             continue
-        r["holm"], reject = next(adjusted), next(rejected)
-        r["verdict"] = "holds" if reject else "holds uncorrected only" if r["p"] < 0.05 else "not shown"
+        r["holm"] = adjusted
+        r["verdict"] = "holds" if reject else "holds uncorrected only" if r["p"] <= ALPHA else "not shown"
     return rows
 
 
@@ -124,21 +133,15 @@ def dose(study: dict) -> dict:
     return out
 
 
-def entropy_before(run, until) -> float | None:
-    """The run's mean entropy over its logged steps before step `until` (all its steps when None)."""
-    rows = [r for r in step_rows(run) if until is None or r["step"] < until]
-    return mean_over(rows, "entropy")
-
-
 def entropy_contrast(study: dict, arm: str, against: str) -> dict | None:
     """The secondary endpoint: per seed both arms ran, each run's mean entropy before the pair's earlier onset (all
     steps when neither collapsed); the paired mean difference with its 95% t-interval."""
     a, b = finished(study.get(arm, {})), finished(study.get(against, {}))
     diffs = []
-    for seed in sorted(set(a) & set(b)):
+    for seed in sorted(set(a) & set(b), key=int):
         onsets = [o for o in (onset(a[seed]), onset(b[seed])) if o is not None]
         until = min(onsets) if onsets else None
-        x, y = entropy_before(a[seed], until), entropy_before(b[seed], until)
+        x, y = mean_entropy(a[seed], until), mean_entropy(b[seed], until)
         if x is not None and y is not None:
             diffs.append(x - y)
     if not diffs:
@@ -178,11 +181,19 @@ def composition(study: dict, arms) -> list[dict]:
 # --- the pages -----------------------------------------------------------------------------------------------------
 
 def pct(x):
-    return "n/a" if x is None else f"{100 * x:.1f}%"
+    return study_json.pct(x, "%")
 
 
 def num(x, digits=3):
     return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def final_cell(finals) -> str:
+    """Final avg@8 in points: mean [95% CI on the logit scale, within 0-100%]; n/a where no run evaluated step 200."""
+    if not finals:
+        return "n/a"
+    mean, (lo, hi) = logit_mean_ci(finals)
+    return f"{100 * mean:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
 def arms_table(study: dict, arms) -> str:
@@ -193,54 +204,70 @@ def arms_table(study: dict, arms) -> str:
         if not runs:
             lines.append(f"| `{arm}` | 0 | | | | |")
             continue
-        onsets = [onset(r) for _, r in sorted(runs.items())]
+        onsets = [onset(r) for _, r in sorted(runs.items(), key=lambda kv: int(kv[0]))]
         finals = [final_acc(r) for r in runs.values() if final_acc(r) is not None]
-        mean, (lo, hi) = logit_mean_ci(finals)  # on the logit scale: within 0-100%
         idle = [sum(1 for r in step_rows(run) if r.get("entropy") is None) for run in runs.values()]
         lines.append(f"| `{arm}` | {len(runs)} | {sum(o is not None for o in onsets)} | "
                      f"{', '.join('-' if o is None else str(o) for o in onsets)} | "
-                     f"{100 * mean:.1f} [{100 * lo:.1f}, {100 * hi:.1f}] | {sum(idle) / len(idle):.1f} |")
+                     f"{final_cell(finals)} | {sum(idle) / len(idle):.1f} |")
     return "\n".join(lines)
 
 
-def verdicts_page(study: dict) -> str:
-    out = ["# The third study: verdicts", "",
-           "By docs/study-protocol-collapse.md, re-derived from the study's JSON by `python -m tools.study_collapse`. "
-           "Fisher's exact test (two-sided) per contrast, Holm's correction within each family; a verdict is "
-           "**holds** (Holm-adjusted p < 0.05), **holds uncorrected only** (raw p < 0.05) or **not shown**. With 5 "
-           f"runs per arm and no collapse in the control, 80% power needs a true rate of at least "
-           f"{pct(min_detectable_incidence(0.0, 5))} (uncorrected), "
-           f"{pct(min_detectable_incidence(0.0, 5, alpha=0.05 / 3))}"
-           " at Holm's first threshold in a family of 3.", ""]
-    for name, tests in FAMILIES:
-        out += [f"## {name}", "", "| arm | collapsed | against | collapsed | p (raw) | p (Holm) | verdict | "
-                "entropy before the pair's collapse, paired difference [95% CI] |", "|---|---|---|---|---|---|---|---|"]
-        for r in family_rows(study, tests):
-            e = entropy_contrast(study, r["arm"], r["against"])
-            ent = "n/a" if e is None else f"{e['mean']:+.4f} [{e['lo']:+.4f}, {e['hi']:+.4f}] ({e['n']} pairs)"
-            p = "n/a" if r["p"] is None else f"{r['p']:.3g}"
-            h = "n/a" if r["holm"] is None else f"{r['holm']:.3g}"
-            out.append(f"| `{r['arm']}` | {r['a']} of {r['n1']} | `{r['against']}` | {r['b']} of {r['n2']} | {p} | "
-                       f"{h} | {r['verdict']} | {ent} |")
-        out.append("")
+def family_section(study: dict, name: str, tests) -> list[str]:
+    """One family's table: each test's incidences, raw and Holm-adjusted p, verdict and the entropy contrast."""
+    out = [f"## {name}", "", "| arm | collapsed | against | collapsed | p (raw) | p (Holm) | verdict | "
+           "entropy before the pair's collapse, paired difference [95% CI] |", "|---|---|---|---|---|---|---|---|"]
+    for r in family_rows(study, tests):
+        e = entropy_contrast(study, r["arm"], r["against"])
+        ent = "n/a" if e is None else f"{e['mean']:+.4f} [{e['lo']:+.4f}, {e['hi']:+.4f}] ({e['n']} pairs)"
+        p = "n/a" if r["p"] is None else f"{r['p']:.3g}"
+        h = "n/a" if r["holm"] is None else f"{r['holm']:.3g}"
+        out.append(f"| `{r['arm']}` | {r['a']} of {r['n1']} | `{r['against']}` | {r['b']} of {r['n2']} | {p} | "
+                   f"{h} | {r['verdict']} | {ent} |")
+    return out + [""]
+
+
+def dose_section(study: dict) -> list[str]:
+    """The protocol's family 2: incidence per beta1, the trend test and what is shown beside it."""
     d = dose(study)
-    out += ["## 2. the dose (beta1 at beta2 = 1)", "",
-            "| beta1 | runs | collapsed |", "|---|---|---|"] + [f"| {b} | {n} | {k} |" for b, n, k in d["arms"]] + [""]
-    if "trend_p" in d:
-        out += [f"Exact trend test of incidence in beta1: p = {d['trend_p']:.3g} "
-                f"(one test: {'holds' if d['trend_p'] < 0.05 else 'not shown'}). "
-                f"Onset against beta1 (runs that did not collapse ranked last), shown, not judged: Spearman's rho "
-                f"{d['onset_rho']:+.2f}, permutation p {d['onset_p']:.3g}. The smallest beta1 with a collapse: "
-                f"{d['smallest_collapsing_beta1']}.", ""]
-    else:
-        out += ["No collapse among the dose's finished runs yet, or fewer than two of its arms finished: no trend.", ""]
+    out = ["## 2. the dose (beta1 at beta2 = 1)", "",
+           "| beta1 | runs | collapsed |", "|---|---|---|"] + [f"| {b} | {n} | {k} |" for b, n, k in d["arms"]] + [""]
+    if "trend_p" not in d:
+        return out + ["No collapse among the dose's finished runs yet, or fewer than two of its arms finished: no "
+                      "trend.", ""]
+    return out + [f"Exact trend test of incidence in beta1: p = {d['trend_p']:.3g} "
+                  f"(one test: {'holds' if d['trend_p'] <= ALPHA else 'not shown'}). "
+                  f"Onset against beta1 (runs that did not collapse ranked last), shown, not judged: Spearman's rho "
+                  f"{d['onset_rho']:+.2f}, permutation p {d['onset_p']:.3g}. The smallest beta1 with a collapse: "
+                  f"{d['smallest_collapsing_beta1']}.", ""]
+
+
+def updates_trend(study: dict) -> list[str]:
+    """Shown beside family 5, not judged: the trend of CE-GPPO (0.5, 1)'s incidence in log2 U."""
     steps_arms = [("ce_gppo_0.5_1_u2", 2), ("ce_gppo_0.5_1_u4", 4), ("ce_gppo_0.5_1", 8)]
     per_u = [(math.log2(u), *incidence(study.get(arm, {}))[::-1]) for arm, u in steps_arms]
     per_u = [(score, n, k) for score, n, k in per_u if n]
-    if len(per_u) > 1 and any(k for _, _, k in per_u):
-        out += [f"Shown, not judged: the trend of CE-GPPO (0.5, 1)'s incidence in log2 U over U = 2, 4, 8: p = "
-                f"{exact_trend(per_u):.3g}.", ""]
-    return "\n".join(out)
+    if len(per_u) < 2 or not any(k for _, _, k in per_u):
+        return []
+    return [f"Shown, not judged: the trend of CE-GPPO (0.5, 1)'s incidence in log2 U over U = 2, 4, 8: p = "
+            f"{exact_trend(per_u):.3g}.", ""]
+
+
+def verdicts_page(study: dict) -> str:
+    """The families in the protocol's order: 1, the dose (2), 3, 4, 5 with its trend beside it."""
+    out = ["# The third study: verdicts", "",
+           "By docs/study-protocol-collapse.md, re-derived from the study's JSON by `python -m tools.study_collapse`. "
+           "Fisher's exact test (two-sided) per contrast, Holm's correction within each family; a verdict is "
+           f"**holds** (Holm-adjusted p <= {ALPHA}), **holds uncorrected only** (raw p <= {ALPHA}) or **not shown**. "
+           f"With 5 runs per arm and no collapse in the control, 80% power needs a true rate of at least "
+           f"{pct(min_detectable_incidence(0.0, 5))} (uncorrected), "
+           f"{pct(min_detectable_incidence(0.0, 5, alpha=0.05 / 3))}"
+           " at Holm's first threshold in a family of 3.", ""]
+    first, *rest = FAMILIES
+    out += family_section(study, *first) + dose_section(study)
+    for name, tests in rest:
+        out += family_section(study, name, tests)
+    return "\n".join(out + updates_trend(study))
 
 
 def tokens_page(study: dict, arms) -> str:
@@ -269,61 +296,91 @@ def write(path: str, text: str):
     runfolder.write_text_atomically(path, text if text.endswith("\n") else text + "\n")
 
 
+# The figure's panels: (the step's metric, the axis's label, the panel's title), each arm's mean over its runs.
+PANELS = (("acc_mean", "training accuracy (share of responses correct)", "accuracy"),
+          ("entropy", "mean token entropy (nats)", "entropy (steps that trained)"),
+          ("response_length_mean", "mean response length (tokens)", "response length"))
+
+
 def figures(study: dict, arms, folder: str):
-    """Training accuracy and entropy against step, each arm's mean over its finished runs."""
+    """PANELS against step, each arm's mean over its finished runs, side by side."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
-    for arm in arms:
+
+    from cegppo_utils import runfolder
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(6.5 * len(PANELS), 4.5))
+    colors = plt.get_cmap("tab20").colors  # 13 arms: tab10 would give two arms one colour
+    for i, arm in enumerate(arms):
         runs = list(finished(study.get(arm, {})).values())
         if not runs:
             continue
-        for ax, key in zip(axes, ("acc_mean", "entropy")):
+        by_step = [{r["step"]: r for r in step_rows(run)} for run in runs]
+        for ax, (key, _, _) in zip(axes, PANELS):
             steps = range(1, STEPS + 1)
-            means = [mean_over([next((r for r in step_rows(run) if r["step"] == s), {}) for run in runs], key)
-                     for s in steps]
+            means = [mean_over([rows.get(s, {}) for rows in by_step], key) for s in steps]
             ax.plot([s for s, m in zip(steps, means) if m is not None], [m for m in means if m is not None],
-                    label=f"{arm} ({len(runs)})", lw=1)
-    axes[0].set(xlabel="step", ylabel="training accuracy (share of responses correct)", title="accuracy")
-    axes[1].set(xlabel="step", ylabel="mean token entropy (nats)", title="entropy (steps that trained)")
+                    label=f"{arm} ({len(runs)})", lw=1, color=colors[i % len(colors)],
+                    ls="--" if arm.startswith(("grpo", "ppo_clip_tm")) else "-")  # the controls dashed
+    for ax, (_, label, title) in zip(axes, PANELS):
+        ax.set(xlabel="step", ylabel=label, title=title)
     axes[1].legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    from cegppo_utils import runfolder
     runfolder.save_figure(fig, os.path.join(folder, "curves.png"), dpi=110)  # whole, never through a link
     plt.close(fig)
 
 
-def report(json_path: str = JSON, folder: str = FIGURES, arms=None):
+OUTPUTS = ("arms.md", "verdicts.md", "tokens.md", "curves.png")  # what report writes into its folder
+
+
+def value_problem(study: dict) -> str | None:
+    """Where a study's JSON of the right shape (study_json.shape_problem) holds what the pages cannot read (None if
+    nothing): a seed that is not a whole number, a model_sha256 that is not text, a step's NUMBERS not numbers."""
+    for name, runs in configurations(study).items():
+        for seed, run in runs.items():
+            where = f"configuration {cli.short(name, 60)} seed {cli.short(seed, 20)}"
+            if not re.fullmatch(r"-?[0-9]+", seed):
+                return f"{where}: the seed is not a whole number"
+            if not isinstance(run.get("model_sha256"), (str, type(None))):
+                return f"{where}: its model_sha256 is not text"
+            for row in run["steps"]:
+                bad = next((k for k in NUMBERS if row.get(k) is not None and (
+                    not isinstance(row[k], (int, float)) or isinstance(row[k], bool))), None)
+                if bad:
+                    return f"{where} step {row['step']}: its {bad} is not a number"
+    return None
+
+
+def report(json_path: str = JSON, folder: str = FIGURES):
+    """Every page and the figure, from the study's JSON; a JSON the pages cannot read is a one-line UserError, found
+    before anything is written."""
     from tools.configs import COLLAPSE_ARMS
-    study = cli.read_json(json_path, "--json", what="a study's JSON")
-    for name, runs in study.items():  # the records the tables read, before any page is written
-        bad = not name.startswith("_") and (not isinstance(runs, dict) or any(
-            not isinstance(r, dict) or not isinstance(r.get("steps"), list) for r in runs.values()))
-        if bad:
-            raise UserError(f"--json {cli.short(json_path)}: {cli.short(name)} is not "
-                            "{seed: run record with its steps}")
-    arms = arms or COLLAPSE_ARMS
+    study = load_study(json_path, "--json")  # its shape checked, each run's steps one row per step
+    problem = value_problem(study)
+    if problem:
+        raise UserError(f"--json {cli.short(json_path)}: not {study_json.WHAT} ({problem})")
     os.makedirs(folder, exist_ok=True)
-    hashes = sorted({run.get("model_sha256") or "unknown" for name, runs in study.items() if not name.startswith("_")
+    hashes = sorted({run.get("model_sha256") or "unknown" for runs in configurations(study).values()
                      for run in runs.values()})
     write(os.path.join(folder, "arms.md"), "# The third study: every arm\n\nWarm start(s): "
-          + ", ".join(f"`{h}`" for h in hashes if h) + f". Finished runs only ({STEPS} steps).\n\n"
-          + arms_table(study, arms))
+          + ", ".join(f"`{h}`" for h in hashes) + f". Finished runs only ({STEPS} steps).\n\n"
+          + arms_table(study, COLLAPSE_ARMS))
     write(os.path.join(folder, "verdicts.md"), verdicts_page(study))
-    write(os.path.join(folder, "tokens.md"), tokens_page(study, arms))
-    figures(study, arms, folder)
+    write(os.path.join(folder, "tokens.md"), tokens_page(study, COLLAPSE_ARMS))
+    figures(study, COLLAPSE_ARMS, folder)
     return study
 
 
 def main(argv=None):
-    """The command line: bad input is one line and exit code 2, found before anything is written."""
+    """The command line: bad input is one line and exit code 2, found before anything is written (the folder for
+    the pages is made by report, once the JSON has been read)."""
     parser = cli.Parser("study_collapse.py", description=__doc__)
     parser.add_argument("--json", default=JSON, help="the study's JSON (tools/study.py --json)")
     parser.add_argument("--figures", default=FIGURES, help="where the tables and figures go")
     args = parser.parse_args(argv)
     json_path, figures = os.path.expanduser(args.json), os.path.expanduser(args.figures)
-    problem = cli.input_problem(json_path, "--json") or cli.folder_problem(figures, "--figures", create=True)
+    problem = (cli.input_problem(json_path, "--json") or cli.folder_problem(figures, "--figures")
+               or cli.outputs_problem(figures, OUTPUTS, "--figures"))
     if problem:
         parser.error(problem)
     cli.guard("study_collapse.py", report, json_path, figures)

@@ -38,6 +38,32 @@ def configurations(study: dict) -> dict:
     return {name: runs for name, runs in study.items() if not name.startswith("_")}
 
 
+def finished_runs(runs: dict, steps: int) -> dict:
+    """A configuration's runs that reached `steps`, by seed (a run still going is recorded with what it has logged so
+    far, and its last evaluation is not its final one)."""
+    return {seed: run for seed, run in runs.items() if run["steps_done"] >= steps}
+
+
+def finished(study: dict, steps: int) -> dict:
+    """Every configuration's finished_runs; a configuration with none is left out."""
+    done = {name: finished_runs(runs, steps) for name, runs in configurations(study).items()}
+    return {name: runs for name, runs in done.items() if runs}
+
+
+def mean_entropy(run, until: int | None = None) -> float | None:
+    """A run's mean token entropy over the steps that logged it (a step whose every group scored alike trains on
+    nothing and logs none), those before step `until` when given; None where none did. The second study's primary
+    endpoint (all steps) and the third's secondary one (before a pair's collapse)."""
+    values = [r["entropy"] for r in run["steps"]
+              if r.get("entropy") is not None and (until is None or r["step"] < until)]
+    return sum(values) / len(values) if values else None
+
+
+def pct(x, unit: str = "") -> str:
+    """A share as a percentage with one decimal (and `unit` after it: "%" where no column head says it is one)."""
+    return "n/a" if x is None else f"{100 * x:.1f}{unit}"
+
+
 def load_study(path: str, flag: str = "--json") -> dict:
     """The study's JSON ({} where there is none yet), each run's steps read with one row per step (dedupe_steps); a
     file that is not a study's JSON is a one-line UserError naming `flag` and the file (study_problem)."""

@@ -31,3 +31,21 @@ def test_a_t_test_far_in_the_tail_gives_its_small_p():
     s = math.sqrt(2 + t * t)
     assert stats.t_test_p([1 - d, 1.0, 1 + d]) == pytest.approx(2 / (s * (s + t)), rel=1e-6)
     assert stats.t_test_p([1 - d, 1.0, 1 + d]) == pytest.approx(1.0e-6, rel=1e-5)
+
+
+def test_exact_rate_ci_is_clopper_pearson():
+    """0 of n and n of n have closed forms (the one-sided 2.5% tails); 3 of 10 is the textbook [0.0667, 0.6525]."""
+    assert stats.exact_rate_ci(0, 5) == (0.0, pytest.approx(1 - 0.025 ** (1 / 5), abs=1e-12))
+    assert stats.exact_rate_ci(5, 5) == (pytest.approx(0.025 ** (1 / 5), abs=1e-12), 1.0)
+    lo, hi = stats.exact_rate_ci(3, 10)
+    assert (round(lo, 4), round(hi, 4)) == (0.0667, 0.6525)
+
+
+def test_rate_difference_ci_is_newcombes_hybrid_score_interval():
+    """Newcombe (1998), method 10, his worked examples: 56/70 - 48/80 and 9/10 - 3/10."""
+    d, lo, hi = stats.rate_difference_ci(56, 70, 48, 80)
+    assert (round(d, 4), round(lo, 4), round(hi, 4)) == (0.2, 0.0524, 0.3339)
+    d, lo, hi = stats.rate_difference_ci(9, 10, 3, 10)
+    assert (round(d, 4), round(lo, 4), round(hi, 4)) == (0.6, 0.1705, 0.8090)
+    d, lo, hi = stats.rate_difference_ci(5, 5, 0, 5)  # no collapse against every run: still an interval, inside [-1, 1]
+    assert d == 1.0 and 0.3 < lo < 0.45 and hi == 1.0

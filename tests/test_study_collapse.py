@@ -64,10 +64,11 @@ def test_family_tests_and_verdicts(tmp_path):
     path.write_text(json.dumps(study))
     SC.report(str(path), str(tmp_path / "pages"))
     verdicts = (tmp_path / "pages" / "verdicts.md").read_text()
-    assert "| `ce_gppo_1_1` | 5 of 5 | `ppo_clip_tm` | 0 of 5 | 0.00794 | 0.0238 | holds |" in verdicts
+    assert ("| `ce_gppo_1_1` | 5 of 5 | `ppo_clip_tm` | 0 of 5 | +100.0% [+38.6%, +100.0%] | 0.00794 | 0.0238 | holds |"
+            in verdicts)  # the difference with Newcombe's interval, Fisher's p, Holm's
     assert (tmp_path / "pages" / "curves.png").stat().st_size > 10_000
     arms = (tmp_path / "pages" / "arms.md").read_text()
-    assert "| `ce_gppo_0.5_1` | 5 | 4 | 30, 30, 30, 30, - |" in arms
+    assert "| `ce_gppo_0.5_1` | 5 | 4 [28%, 99%] | 30, 30, 30, 30, - |" in arms
 
 
 def test_trend_and_fisher_by_hand():
@@ -165,8 +166,8 @@ def test_runs_a_page_cannot_fully_read_still_give_their_pages(tmp_path):
     out = collapse(path, tmp_path / "pages")
     assert out.returncode == 0, out.stderr
     arms = (tmp_path / "pages" / "arms.md").read_text()
-    assert "| `ppo_clip_tm` | 2 | 0 | -, - | n/a | 0.0 |" in arms
-    assert "| `ce_gppo_1_1` | 2 | 1 | -, 30 | 80.0 [80.0, 80.0] | 0.0 |" in arms  # seed 9, then seed 10
+    assert "| `ppo_clip_tm` | 2 | 0 [0%, 84%] | -, - | n/a | 0.0 |" in arms
+    assert "| `ce_gppo_1_1` | 2 | 1 [1%, 99%] | -, 30 | 80.0 [80.0, 80.0] | 0.0 |" in arms  # seed 9, then seed 10
 
 
 def test_holm_counts_every_test_of_the_family_and_rejects_at_or_below_5_percent(monkeypatch):

@@ -16,6 +16,7 @@ import re
 from cegppo_utils.data import UserError
 from tools import cli, study_json
 from tools.stats import (
+    exact_rate_ci,
     exact_trend,
     fisher_exact,
     holm,
@@ -24,6 +25,7 @@ from tools.stats import (
     mean_ci,
     min_detectable_incidence,
     rank_correlation_p,
+    rate_difference_ci,
 )
 from tools.study_json import configurations, load_study, mean_entropy
 
@@ -197,8 +199,8 @@ def final_cell(finals) -> str:
 
 
 def arms_table(study: dict, arms) -> str:
-    lines = ["| arm | runs | collapsed | onsets (step; - none) | final avg@8, mean [95% CI, logit scale] "
-             "| steps that trained nothing, mean |", "|---|---|---|---|---|---|"]
+    lines = ["| arm | runs | collapsed [exact 95% CI of the rate] | onsets (step; - none) | final avg@8, mean [95% CI, "
+             "logit scale] | steps that trained nothing, mean |", "|---|---|---|---|---|---|"]
     for arm in arms:
         runs = finished(study.get(arm, {}))
         if not runs:
@@ -207,7 +209,9 @@ def arms_table(study: dict, arms) -> str:
         onsets = [onset(r) for _, r in sorted(runs.items(), key=lambda kv: int(kv[0]))]
         finals = [final_acc(r) for r in runs.values() if final_acc(r) is not None]
         idle = [sum(1 for r in step_rows(run) if r.get("entropy") is None) for run in runs.values()]
-        lines.append(f"| `{arm}` | {len(runs)} | {sum(o is not None for o in onsets)} | "
+        collapsed = sum(o is not None for o in onsets)
+        lo, hi = exact_rate_ci(collapsed, len(runs))
+        lines.append(f"| `{arm}` | {len(runs)} | {collapsed} [{100 * lo:.0f}%, {100 * hi:.0f}%] | "
                      f"{', '.join('-' if o is None else str(o) for o in onsets)} | "
                      f"{final_cell(finals)} | {sum(idle) / len(idle):.1f} |")
     return "\n".join(lines)
@@ -215,15 +219,18 @@ def arms_table(study: dict, arms) -> str:
 
 def family_section(study: dict, name: str, tests) -> list[str]:
     """One family's table: each test's incidences, raw and Holm-adjusted p, verdict and the entropy contrast."""
-    out = [f"## {name}", "", "| arm | collapsed | against | collapsed | p (raw) | p (Holm) | verdict | "
-           "entropy before the pair's collapse, paired difference [95% CI] |", "|---|---|---|---|---|---|---|---|"]
+    out = [f"## {name}", "", "| arm | collapsed | against | collapsed | difference in rate [95% CI, Newcombe] | "
+           "p (raw) | p (Holm) | verdict | entropy before the pair's collapse, paired difference [95% CI] |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in family_rows(study, tests):
         e = entropy_contrast(study, r["arm"], r["against"])
         ent = "n/a" if e is None else f"{e['mean']:+.4f} [{e['lo']:+.4f}, {e['hi']:+.4f}] ({e['n']} pairs)"
         p = "n/a" if r["p"] is None else f"{r['p']:.3g}"
         h = "n/a" if r["holm"] is None else f"{r['holm']:.3g}"
-        out.append(f"| `{r['arm']}` | {r['a']} of {r['n1']} | `{r['against']}` | {r['b']} of {r['n2']} | {p} | "
-                   f"{h} | {r['verdict']} | {ent} |")
+        diff = "n/a" if not (r["n1"] and r["n2"]) else "{:+.1%} [{:+.1%}, {:+.1%}]".format(
+            *rate_difference_ci(r["a"], r["n1"], r["b"], r["n2"]))
+        out.append(f"| `{r['arm']}` | {r['a']} of {r['n1']} | `{r['against']}` | {r['b']} of {r['n2']} | {diff} | "
+                   f"{p} | {h} | {r['verdict']} | {ent} |")
     return out + [""]
 
 

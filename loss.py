@@ -43,6 +43,19 @@ CE-GPPO (paper Eq. 8): per-token objective l, maximised; the loss here is -l.
   gradient: PPO-clip drops it there, CE-GPPO keeps it, scaled by beta.
   beta1 = beta2 = 0 is PPO-clip's gradient; beta1 = beta2 = 1 is GPPO.
 
+  A mechanism arm, not a method of the paper (beta1_weight = "ratio"): in the beta1 region the weight
+  falls with the ratio instead of staying at the boundary's value,
+
+  | d < 1 - eps_low  and A < 0  | beta1 * d A  (= beta1 sg(d)/sg(d) d A) | beta1 d A           |
+
+  equal to the constant weight at the boundary d = 1 - eps_low and smaller the further below it a
+  token sits; at beta1 = 0 both are CE-GPPO (0, beta2). It asks whether the collapse at large beta1
+  comes from a constant-weight push on tokens that are already far below the interval.
+
+  The beta1 dose (metric beta1_dose): the beta1 region's gradient weight summed over its tokens, per
+  response token of the step, i.e. beta1 (1 - eps_low) x the region's share of tokens under the
+  constant weight.
+
 Which beta moves entropy which way (paper §5.1-5.2): the beta1 region holds mostly negative
 low-probability tokens; pushing them down further sharpens the distribution, so a larger
 beta1 lowers entropy faster. The beta2 region holds mostly positive low-probability tokens;
@@ -118,8 +131,11 @@ def ce_gppo_token_loss(t: Tokens, cfg: LossConfig):
     in_beta2 = (r > 1 + t.eps_high) & (t.adv > 0)  # right boundary: positive, pushed-up tokens
     # The gradient weight F on A * grad log pi: beta1 (1 - eps_low), beta2 (1 + eps_high), or d itself.
     # F / sg(d) * d has value F and gradient F * grad log pi (Eq. 9-10).
-    weight = torch.where(in_beta1, cfg.beta1 * (1 - t.eps_low), torch.where(in_beta2, cfg.beta2 * (1 + t.eps_high), r))
+    # beta1_weight "ratio" (the mechanism arm above): beta1 d, which falls with d below the interval
+    low_weight = cfg.beta1 * r if cfg.beta1_weight == "ratio" else cfg.beta1 * (1 - t.eps_low)
+    weight = torch.where(in_beta1, low_weight, torch.where(in_beta2, cfg.beta2 * (1 + t.eps_high), r))
     loss, extra = _dual_clip(-(weight / r) * ratio * t.adv, t.adv, cfg.clip_ratio_c)
+    extra["beta1_dose"] = torch.where(in_beta1, weight, 0.0)  # its token mean: the beta1 region's weight per token
     return loss, r, extra
 
 
@@ -174,6 +190,41 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     (pg_loss and the extra terms: their values as aggregated).
     """
     cfg, totals = cfg or LossConfig(), totals or Totals()
+    tokens, token_loss, ratio, extra = _policy_term(logp, old_logp, advantages, mask, cfg, extras)
+    mask, entropy = tokens.mask, extras.entropy
+    pg_loss = aggregate(token_loss, mask, cfg.loss_agg_mode, totals, cfg.norm_len)
+    loss, terms = _extra_terms(pg_loss, logp, mask, cfg, totals, entropy, extras.correct, extras.ref_logp)
+    metrics = {k: v.detach() for k, v in terms.items()}
+    with torch.no_grad():
+        metrics.update(_metrics(logp, tokens.log_ratio, tokens.adv, mask, ratio, extra, entropy,
+                                (tokens.eps_low, tokens.eps_high) if ALGORITHMS[cfg.algo].regions else None))
+    return loss, metrics
+
+
+REGION_PARTS = ("low_neg", "high_pos")  # region_terms' parts: CE-GPPO's beta1 and beta2 regions
+
+
+def region_terms(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                 cfg: LossConfig, totals: Totals | None = None, extras: Extras = Extras()) -> dict:
+    """policy_loss's policy term split by where each token sits: {"low_neg": the part from the tokens with d < 1 -
+    eps_low and A < 0 (CE-GPPO's beta1 region), "high_pos": from d > 1 + eps_high and A > 0 (the beta2 region)}, each
+    aggregated as the whole term is (the same denominators), with grad. The whole loss minus the two is the rest: the
+    tokens inside the interval, the two pessimistic regions and the extra terms. {} for an algorithm without clip
+    regions. train.py takes each part's gradient norm (--region-grad-norms)."""
+    if not ALGORITHMS[cfg.algo].regions:
+        return {}
+    totals = totals or Totals()
+    tokens, token_loss, ratio, _ = _policy_term(logp, old_logp, advantages, mask, cfg, extras)
+    below, above = ratio < 1 - tokens.eps_low, ratio > 1 + tokens.eps_high
+    valid = tokens.mask > 0
+    regions = {"low_neg": below & (tokens.adv < 0) & valid, "high_pos": above & (tokens.adv > 0) & valid}
+    return {name: aggregate(token_loss * where, tokens.mask, cfg.loss_agg_mode, totals, cfg.norm_len)
+            for name, where in regions.items() if where.any()}
+
+
+def _policy_term(logp, old_logp, advantages, mask, cfg: LossConfig, extras: Extras):
+    """The checked inputs as Tokens, the policy term's per-token loss [B, T] (the algorithm's, then the top-entropy
+    mask and the per-token weights), the ratio its regions are judged on, and the loss's own per-token metrics."""
     entropy, old_entropy, correct, weights, ref_logp, progress, od_state = extras
     problems = _checked(cfg)
     if problems:
@@ -204,13 +255,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         token_loss, extra = token_loss * forking, {**extra, "entropy_kept_frac": forking}
     if weights is not None and not ALGORITHMS[cfg.algo].applies_weights:  # a detached weight per token on the policy
         token_loss = token_loss * weights  # term (sampler/trainer mismatch)
-    pg_loss = aggregate(token_loss, mask, cfg.loss_agg_mode, totals, cfg.norm_len)
-    loss, terms = _extra_terms(pg_loss, logp, mask, cfg, totals, entropy, correct, ref_logp)
-    metrics = {k: v.detach() for k, v in terms.items()}
-    with torch.no_grad():
-        metrics.update(_metrics(logp, log_ratio, tokens.adv, mask, ratio, extra, entropy,
-                                (eps_low, eps_high) if ALGORITHMS[cfg.algo].regions else None))
-    return loss, metrics
+    return tokens, token_loss, ratio, extra
 
 
 def clip_range(cfg: LossConfig, logp: torch.Tensor, progress: float = 0.0, od_state: int = 0):
@@ -362,7 +407,7 @@ def evidence_row(sums: dict, ratios: dict) -> dict:
 
 def gppo_token_loss(t: Tokens, cfg: LossConfig):
     """GPPO (Klear-Reasoner Eq. 7): CE-GPPO with beta1 = beta2 = 1, whatever beta1/beta2 are set to."""
-    return ce_gppo_token_loss(t, replace(cfg, beta1=1.0, beta2=1.0))
+    return ce_gppo_token_loss(t, replace(cfg, beta1=1.0, beta2=1.0, beta1_weight="constant"))
 
 
 def ppo_clip_token_loss(t: Tokens, cfg: LossConfig):
@@ -638,6 +683,10 @@ CLIPPED_REGIONS = (  # PPO-clip: no gradient
     Diagnostic("clip_frac_low_neg", "clipped: d < 1 - eps_low, A < 0 (no gradient)", "clip_lo"),
     Diagnostic("clip_frac_high_pos", "clipped: d > 1 + eps_high, A > 0 (no gradient)", "clip_hi"), *_AS_INSIDE)
 DUAL_CLIP = (Diagnostic("dual_clip_frac", "dual clip: A < 0, d > clip_ratio_c (no gradient)"),)
+BETA1_DOSE = (Diagnostic("beta1_dose", "beta1 dose: the beta1 region's gradient weight per token (beta1 (1 - eps_low) "
+                                       "x its share; not a share)"),)
+LOW_DOSE = (Diagnostic("beta1_dose", "d < 1 - eps_low, A < 0: its gradient weight per token ((1 - eps_low) x its "
+                                     "share; not a share)"),)
 ERC_BAND = (Diagnostic("erc_below_frac", "ERC: H / H_old <= erc_low (no gradient)", "erc_lo"),
             Diagnostic("erc_above_frac", "ERC: H / H_old >= erc_high (no gradient)", "erc_hi"))
 DPPO_MASKS = (Diagnostic("dppo_masked_frac_pos", "masked: A > 0, p rose past dppo_mask_high (no gradient)", "mask_pos"),
@@ -669,14 +718,14 @@ ALGORITHMS = {
     "ce_gppo": Algorithm(
         ce_gppo_token_loss,
         dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="token-mean", beta1=0.5, beta2=1.0),
-        reads=_CLIP + ("beta1", "beta2", "clip_ratio_c"),
+        reads=_CLIP + ("beta1", "beta2", "clip_ratio_c", "beta1_weight"),
         paper="arXiv 2509.20712 Eq. 8", objective="the table above, then dual clip", proportional_to_advantage=True,
-        regions=BETA_REGIONS, diagnostics=DUAL_CLIP),
+        regions=BETA_REGIONS, diagnostics=DUAL_CLIP + BETA1_DOSE),
     "gppo": Algorithm(
         gppo_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="token-mean"),
         reads=_CLIP + ("clip_ratio_c",),
         paper="arXiv 2508.07629", objective="`ce_gppo` with `beta1 = beta2 = 1`", proportional_to_advantage=True,
-        regions=KEPT_REGIONS, diagnostics=DUAL_CLIP),
+        regions=KEPT_REGIONS, diagnostics=DUAL_CLIP + LOW_DOSE),
     # GRPO Eq. 3 averages per response
     "grpo": Algorithm(
         ppo_clip_token_loss, dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=10.0, loss_agg_mode="seq-mean-token-mean"),
@@ -745,7 +794,7 @@ ALGORITHMS = {
         paper="arXiv 2512.05591 (ERC)",
         objective="`gppo`; no gradient where `H / H_old` is outside `(erc_low, erc_high)`",
         dynamic_clip=False, proportional_to_advantage=True, needs_entropy=True, regions=KEPT_REGIONS,
-        diagnostics=ERC_BAND + DUAL_CLIP),
+        diagnostics=ERC_BAND + DUAL_CLIP + LOW_DOSE),
     "grpo_erc": Algorithm(
         grpo_erc_token_loss,
         dict(eps_low=0.2, eps_high=0.28, clip_ratio_c=10.0, loss_agg_mode="token-mean", erc_low=0.95, erc_high=1.05),
@@ -795,6 +844,7 @@ ALGORITHMS = {
 }
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+BETA1_WEIGHTS = ("constant", "ratio")
 DYNAMIC_SCHEDULES = ("id", "did", "od")
 DYNAMIC_CLIPS = ("none",) + DYNAMIC_SCHEDULES
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -1108,6 +1158,9 @@ class LossConfig:
                                                                      # (d < 1-eps, A < 0); larger lowers entropy
     beta2: float = option(1.0, Rule(0, cap=100, cap_says=BETA_CAP))  # CE-GPPO gradient scale on the right boundary
                                                                      # (d > 1+eps, A > 0); larger keeps entropy up
+    beta1_weight: str = option("constant", Rule(choices=BETA1_WEIGHTS))  # CE-GPPO's beta1 region: the paper's
+                                                                        # constant beta1 (1 - eps_low), or "ratio":
+                                                                        # beta1 d, a mechanism arm (section 1)
     clip_ratio_c: float = option(10.0, Rule(0))  # dual-clip bound for A < 0 (official scripts: 10); 0 disables;
                                                  # DPPO: the cap on its detached ratio (verl's truncation)
     loss_agg_mode: str = option("token-mean", Rule(choices=LOSS_AGG_MODES))  # how token losses become one number

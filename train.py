@@ -267,18 +267,22 @@ def update_policy(policy, minis: list[MiniBatch], cfg: L.LossConfig, ctx: StepCo
     stays the policy that sampled, so every pass after the first is off-policy from its first mini-batch on); the
     step's metrics as token means over all the tokens of all passes (the loss terms: their mean over optimizer
     steps), summed over ranks; for an algorithm with clip regions, what each region held (loss.evidence_row)."""
-    sums, grad_norms = {}, []
+    sums, grad_norms, parts = {}, [], []
     evidence = {} if L.ALGORITHMS[cfg.algo].regions else None
-    for mini in minis * epochs:
-        mini_sums, grad_norm = optimizer_step(policy, mini, cfg, ctx, evidence)
-        for k, v in mini_sums.items():
-            sums[k] = sums.get(k, 0.0) + (v / (len(minis) * epochs) if k in LOSS_TERMS else v)
+    passes = minis * epochs
+    for k, mini in enumerate(passes):
+        measure = policy.region_grad_norms == "all" or (policy.region_grad_norms == "last" and k == len(passes) - 1)
+        mini_sums, grad_norm, mini_parts = optimizer_step(policy, mini, cfg, ctx, evidence, measure=measure)
+        for key, v in mini_sums.items():
+            sums[key] = sums.get(key, 0.0) + (v / len(passes) if key in LOSS_TERMS else v)
         grad_norms.append(grad_norm)
+        parts += [mini_parts] if mini_parts else []
     keys = sorted(sums)
     sums = dict(zip(keys, D.all_reduce([sums[k] for k in keys], policy.device)))
     tokens = max(sums.pop("_tokens", 0.0), 1.0)
     out = {k: (v if k in LOSS_TERMS else v / tokens) for k, v in sums.items()}
     out.update(grad_norm=sum(grad_norms) / len(grad_norms), optimizer_steps=len(grad_norms))
+    out.update({key: sum(p[key] for p in parts) / len(parts) for key in (parts[0] if parts else ())})
     if evidence:
         names = sorted(evidence)
         counts = D.all_reduce([c for n in names for c in evidence[n][0].tolist()], policy.device)
@@ -291,13 +295,15 @@ LOSS_TERMS = ("pg_loss", "entropy_bonus", "positive_lm_loss", "kl_loss")  # repo
 
 
 def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, ctx: StepContext = StepContext(),
-                   evidence: dict | None = None) -> tuple[dict, float]:
+                   evidence: dict | None = None, measure: bool = False) -> tuple[dict, float, dict]:
     """Forward/backward over the mini-batch's micro-batches (gradients accumulate to the mini-batch's exact mean),
     grad clip, AdamW step. Returns the metrics summed over micro-batches (token-weighted; the loss terms as they
-    are, which sum to the mini-batch's) and the gradient norm. evidence: {region: (sums, [ratios])}, this mini-batch's
-    tokens added (loss.region_evidence). A non-finite loss, gradient norm or weight stops the run (every rank)
-    before anything is saved."""
+    are, which sum to the mini-batch's), the gradient norm, and with `measure` the norms of the gradient's parts by
+    clip region (region_gradients; else {}). evidence: {region: (sums, [ratios])}, this mini-batch's tokens added
+    (loss.region_evidence). A non-finite loss, gradient norm or weight stops the run (every rank) before anything is
+    saved."""
     sums, bad_loss = {}, None
+    regions = RegionGradients(policy.model) if measure else None
     for mb in mini.micro:
         logp, entropy, _ = response_logprobs(policy, mb, grad=True)
         if mb.old_logp is None:  # the first mini-batch: no update yet since sampling, old = current
@@ -315,6 +321,9 @@ def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, ctx: StepContext 
                                                             mb.finished).items():
                 before = evidence.setdefault(name, (torch.zeros(4, dtype=torch.float64, device=counts.device), []))
                 evidence[name] = (before[0] + counts, before[1] + [ratios])
+        if regions is not None:  # before the backward, which frees the graph the parts share with the loss
+            regions.add(logp, L.region_terms(logp, mb.old_logp, mb.advantages, mb.response_mask, cfg,
+                                             totals=mini.totals, extras=extras))
         loss.backward()
         tokens = mb.response_mask.sum().item()
         m["entropy"] = (mb.old_entropy * mb.response_mask).sum() / max(tokens, 1)
@@ -325,6 +334,7 @@ def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, ctx: StepContext 
     if D.all_reduce([bad_loss is not None], policy.device, op="max")[0]:  # every rank stops, not just one
         loss_text = bad_loss if bad_loss is not None else "not finite on another rank"
         raise FloatingPointError(f"step {ctx.index + 1}: the loss is {loss_text}; stopping")
+    parts = regions.norms() if regions is not None else {}  # of the gradient before it is clipped
     grad_norm = D.full_tensor(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), policy.grad_clip))
     if not torch.isfinite(grad_norm):
         raise FloatingPointError(f"step {ctx.index + 1}: the gradient norm is {grad_norm.item()}; stopping")
@@ -332,7 +342,45 @@ def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, ctx: StepContext 
     policy.optimizer.zero_grad(set_to_none=True)
     check_finite_parameters(policy.model, policy.device, ctx.index)
     RF.crash_point(f"update:{ctx.index + 1}")
-    return sums, grad_norm.item()
+    return sums, grad_norm.item(), parts
+
+
+class RegionGradients:
+    """--region-grad-norms: the mini-batch's gradient split by where its tokens sit. Each clip region's part of the
+    policy term (loss.region_terms: the beta1 region low_neg, the beta2 region high_pos) gets its own backward from
+    log pi (torch.autograd.grad, so the parameters' .grad, and the update, are exactly those of a run without it);
+    the rest is the whole accumulated gradient minus the two. A part whose gradient on log pi is zero (an empty or
+    clipped region: PPO-clip's, beta = 0) costs no backward. One process, fp32 (flags: not under FSDP2)."""
+
+    def __init__(self, model):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.sums = {name: [torch.zeros_like(p) for p in self.params] for name in L.REGION_PARTS}
+
+    def add(self, logp, parts: dict):
+        for name, part in parts.items():
+            on_logp = torch.autograd.grad(part, logp, retain_graph=True)[0]
+            if not on_logp.any():
+                continue
+            grads = torch.autograd.grad(logp, self.params, grad_outputs=on_logp, retain_graph=True,
+                                        allow_unused=True)
+            torch._foreach_add_(self.sums[name], [torch.zeros_like(p) if g is None else g
+                                                  for g, p in zip(grads, self.params)])
+
+    def norms(self) -> dict:
+        """grad_norm_<part> for low_neg, high_pos and the rest (whole minus both), and the cosine of the beta1
+        region's part with the rest (0 where either is 0)."""
+        whole = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
+        rest = torch._foreach_sub(whole, self.sums["low_neg"])
+        torch._foreach_sub_(rest, self.sums["high_pos"])
+        norm = {name: _norm(g) for name, g in [*self.sums.items(), ("rest", rest)]}
+        dot = sum(float((a * b).sum(dtype=torch.float64)) for a, b in zip(self.sums["low_neg"], rest))
+        denominator = norm["low_neg"] * norm["rest"]
+        return {**{f"grad_norm_{name}": n for name, n in norm.items()},
+                "grad_cos_low_neg_rest": dot / denominator if denominator else 0.0}
+
+
+def _norm(tensors) -> float:
+    return math.sqrt(sum(float(t.double().square().sum()) for t in tensors))
 
 
 def check_finite_parameters(model, device, step):
@@ -599,6 +647,7 @@ class Policy:
     grad_clip: float
     ref_model: torch.nn.Module | None = None  # the frozen initial model of --kl-coef (None when the coefficient is 0)
     micro_batch_tokens: int = 0  # > 0: packed micro-batches of at most this many tokens (pack()) instead of padded ones
+    region_grad_norms: str = "off"  # which mini-batches' gradients are split by clip region (RegionGradients)
 
 
 def load_policy(args, model_path, device, prompts):
@@ -658,9 +707,12 @@ def make_policy(args, model, optimizer, pad_id, device, fused=False) -> Policy:
     # at lr 0 and the full lr is reached at step warmup_steps + 1; LambdaLR's factor at step s (from 0) is s / warmup.
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, s / args.warmup_steps) if args.warmup_steps else 1.0)
+    # the split by region takes autograd.grad of the parameters, which FSDP2's shards (bf16, several ranks) do not serve
+    sharded = any(hasattr(p, "to_local") for p in model.parameters())
+    by_region = args.region_grad_norms if L.ALGORITHMS[args.loss.algo].regions and not sharded else "off"
     return Policy(model, optimizer, scheduler, device, pad_id, args.temperature, args.top_p, args.top_k,
                   args.precision == "bf16", fused, args.micro_batch_size, args.grad_clip,
-                  micro_batch_tokens=args.micro_batch_tokens)
+                  micro_batch_tokens=args.micro_batch_tokens, region_grad_norms=by_region)
 
 
 # ---------------------------------------------------------------------------------------------

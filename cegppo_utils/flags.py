@@ -95,6 +95,10 @@ class Args:
     micro_batch_tokens: int = L.option(0, AT_LEAST_0)  # >0: padding-free micro-batches, sequences packed into rows of
                                                        # at most this many tokens (micro_batch_size unused); 0 = padded
     max_steps: int = L.option(100, COUNT)  # training steps
+    region_grad_norms: str = L.option(  # log the norms of the gradient's parts by clip region (the beta1
+        "last", L.Rule(choices=("off", "last", "all")))  # region, the beta2 region, the rest) on the step's last
+                                                         # mini-batch, on all (about 2 backwards more each), or off;
+                                                         # fp32 on one process only (not under FSDP2)
     # --- run folder
     output_dir: str = "runs/tiny"  # the run folder; not given: runs/PRESET[-ALGO][-FLAG-VALUE...] (flags.py)
     resume: bool = False  # continue the run in output_dir (`--resume RUN` names it) from its latest checkpoint,
@@ -302,6 +306,9 @@ MODE_OPTIONS = {
                  "--loss-agg-mode seq-mean-token-sum-norm"),
     "micro_batch_size": (lambda a: not a.micro_batch_tokens, "padded micro-batches (--micro-batch-tokens 0)"),
     "selective_checkpointing": (lambda a: a.gradient_checkpointing, "--gradient-checkpointing"),
+    "region_grad_norms": (lambda a: (a.precision == "fp32" and int(os.environ.get("WORLD_SIZE", "1")) == 1
+                                     and bool(L.ALGORITHMS[a.loss.algo].regions)),
+                          "--precision fp32 on one process, with an algorithm that has clip regions"),
 }
 
 

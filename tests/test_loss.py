@@ -728,3 +728,80 @@ def test_a_loss_that_does_not_clip_tokens_reports_no_clip_regions():
     adv = torch.tensor([[-1.0], [1.0], [-1.0]], dtype=torch.float64)
     _, m = L.policy_loss(moved, old, adv, torch.ones(3, 2, dtype=torch.float64), L.loss_config("gspo"))
     assert (m["gspo_clip_frac_low"].item(), m["gspo_clip_frac_high"].item()) == pytest.approx((1 / 3, 1 / 3))
+
+
+# --- the ratio-aware beta1 (a mechanism arm) and the beta1 dose -----------------------------------------------------
+
+@pytest.mark.parametrize("per_token_adv", [False, True])
+def test_ratio_aware_beta1_weighs_the_beta1_region_by_d(per_token_adv):
+    """beta1_weight "ratio": in the beta1 region (d < 1 - eps_low, A < 0) the per-token loss is -beta1 d A and its
+    gradient on log pi is -beta1 d A; everywhere else CE-GPPO's table (then dual clip). The dose is the token mean of
+    the region's weight, beta1 d there."""
+    logp, old_logp, adv, mask = make_batch(per_token_adv=per_token_adv)
+    beta1, beta2, eps = 0.7, 1.0, 0.2
+    loss, m = L.policy_loss(logp, old_logp, adv, mask, L.loss_config("ce_gppo", beta1=beta1, beta2=beta2,
+                                                                     beta1_weight="ratio"))
+    loss.backward()
+    n = mask.sum().item()
+    adv_full = adv.expand_as(logp)
+    want_value, want_grad, dose, in_region = 0.0, torch.zeros_like(logp), 0.0, 0
+    for i in range(logp.shape[0]):
+        for t in range(logp.shape[1]):
+            if not mask[i, t]:
+                continue
+            d, a = math.exp(logp[i, t].item() - old_logp[i, t].item()), adv_full[i, t].item()
+            if d < 1 - eps and a < 0:
+                v, g = -beta1 * d * a, -beta1 * d * a
+                dose, in_region = dose + beta1 * d / n, in_region + 1
+            else:
+                v, g = expected_token("ce_gppo", d, a, None, eps, eps, beta1, beta2, 10.0)
+            want_value += v / n
+            want_grad[i, t] = g / n
+    assert in_region >= 3
+    assert loss.item() == pytest.approx(want_value, rel=1e-9, abs=1e-12)
+    torch.testing.assert_close(logp.grad, want_grad, rtol=1e-9, atol=1e-12)
+    assert m["beta1_dose"].item() == pytest.approx(dose, rel=1e-12)
+    # the constant weight's dose: beta1 (1 - eps_low) x the region's share
+    _, constant = L.policy_loss(logp, old_logp, adv, mask, L.loss_config("ce_gppo", beta1=beta1, beta2=beta2))
+    assert constant["beta1_dose"].item() == pytest.approx(beta1 * (1 - eps) * in_region / n, rel=1e-12)
+    assert constant["clip_frac_low_neg"].item() == pytest.approx(in_region / n, rel=1e-12)
+
+
+def test_ratio_aware_beta1_at_zero_is_ce_gppo_zero_beta2_and_matches_at_the_boundary():
+    """At beta1 = 0 the ratio-aware weight is CE-GPPO (0, beta2), value and gradient; at d = 1 - eps_low (just below)
+    the two weights agree to first order, and further below the ratio-aware one is smaller."""
+    for beta2 in (0.5, 1.0):
+        torch.testing.assert_close(_grad("ce_gppo", beta1=0.0, beta2=beta2, beta1_weight="ratio"),
+                                   _grad("ce_gppo", beta1=0.0, beta2=beta2))
+    old = torch.full((1, 2), -1.0, dtype=torch.float64)
+    logp = (old + torch.tensor([[math.log(0.8 - 1e-9), math.log(0.3)]], dtype=torch.float64)).requires_grad_(True)
+    adv, mask = torch.tensor([[-1.0]], dtype=torch.float64), torch.ones(1, 2, dtype=torch.float64)
+    grads = {}
+    for weight in L.BETA1_WEIGHTS:
+        x = logp.detach().clone().requires_grad_(True)
+        L.policy_loss(x, old, adv, mask, L.loss_config("ce_gppo", beta1=1.0, beta1_weight=weight))[0].backward()
+        grads[weight] = x.grad[0]
+    assert grads["ratio"][0].item() == pytest.approx(grads["constant"][0].item(), rel=1e-8)  # 0.8 / 2 at the bound
+    assert grads["ratio"][1].item() == pytest.approx(0.3 / 2) and grads["constant"][1].item() == pytest.approx(0.4)
+    # GPPO is GPPO whatever beta1_weight says
+    torch.testing.assert_close(_grad("gppo"), _grad("ce_gppo", beta1=1.0, beta2=1.0))
+
+
+def test_region_terms_are_the_policy_terms_parts_by_region():
+    """loss.region_terms: the beta1 and beta2 regions' parts of the aggregated policy term, for each aggregation: their
+    gradients on log pi are the whole term's on those tokens and zero elsewhere; a region with no token is absent, and
+    an algorithm without clip regions has none."""
+    logp, old_logp, adv, mask = make_batch()
+    for mode in L.LOSS_AGG_MODES:
+        cfg = L.loss_config("ce_gppo", loss_agg_mode=mode, clip_ratio_c=0.0)
+        whole = torch.autograd.grad(L.policy_loss(logp, old_logp, adv, mask, cfg)[0], logp)[0]
+        parts = L.region_terms(logp, old_logp, adv, mask, cfg)
+        assert set(parts) == {"low_neg", "high_pos"}
+        d = (logp - old_logp).exp().detach()
+        where = {"low_neg": (d < 0.8) & (adv < 0) & (mask > 0), "high_pos": (d > 1.2) & (adv > 0) & (mask > 0)}
+        for name, part in parts.items():
+            g = torch.autograd.grad(part, logp, retain_graph=True)[0]
+            torch.testing.assert_close(g, torch.where(where[name], whole, 0.0), rtol=1e-12, atol=0)
+    only_inside = old_logp.clone().requires_grad_(True)
+    assert L.region_terms(only_inside, old_logp, adv, mask, L.loss_config("ce_gppo")) == {}
+    assert L.region_terms(logp, old_logp, adv, mask, L.loss_config("cispo")) == {}

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import ROOT, few_problems, parse_train_args, train_update
 
+import loss as L
 import train
 from cegppo_utils import data, runfolder
 
@@ -833,3 +834,87 @@ def test_an_evaluations_seed_is_the_one_evaluate_py_reuses(monkeypatch):
     for step in (0, 1, 25):
         row = train.evaluation_row(run, args, step)
         assert row["eval_seed"] == seen[-1] == heldout.eval_seed(7, step) and row["eval_acc"] == 0.5
+
+
+@pytest.mark.parametrize("algo_flags", [["--algo", "ce_gppo", "--beta1", "1", "--beta2", "0.5"],
+                                        ["--algo", "ce_gppo", "--beta1", "0.5", "--beta1-weight", "ratio"],
+                                        ["--algo", "grpo"]])
+def test_region_grad_norms_are_the_parts_of_the_gradient_and_leave_the_update_alone(tiny_model_path, algo_flags):
+    """--region-grad-norms: the logged norms are those of the mini-batch gradient's parts from the beta1 region's
+    tokens, the beta2 region's and the rest, each found here by another route (the whole gradient minus the one with
+    that region's advantages set to 0, which leaves its tokens no gradient); the three parts sum to the whole gradient;
+    and the update is bit for bit that of a step without them. GRPO clips both regions: their parts are 0."""
+    import random
+
+    from transformers import AutoModelForCausalLM
+    rng = random.Random(3)
+    seqs = [{"prompt_ids": [rng.randrange(5, 270) for _ in range(5)],
+             "response_ids": [rng.randrange(5, 270) for _ in range(rng.randrange(4, 14))],
+             "advantage": rng.choice([-1.0, 1.0]) * rng.uniform(0.3, 1.5), "correct": rng.random() < 0.5}
+            for _ in range(8)]
+    args = parse_train_args([*algo_flags, "--micro-batch-size", "4", "--region-grad-norms", "all"])
+    cfg = args.loss
+
+    def fresh():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        policy = train.make_policy(args, model, torch.optim.SGD(model.parameters(), lr=0.1), 0, torch.device("cpu"))
+        mini = train.make_mini_batches(policy, [seqs], cfg)[0]
+        g = torch.Generator().manual_seed(5)
+        for mb in mini.micro:  # an old policy ratios away from this one, so that both regions hold tokens
+            logp, mb.old_entropy, _ = train.response_logprobs(policy, mb)
+            mb.old_logp = logp + 0.6 * torch.randn(logp.shape, generator=g) * mb.response_mask
+        return policy, mini
+
+    policy, mini = fresh()
+    assert policy.region_grad_norms == "all"
+    _, _, logged = train.optimizer_step(policy, mini, cfg, measure=True)
+    plain, plain_mini = fresh()
+    train.optimizer_step(plain, plain_mini, cfg)
+    assert all(torch.equal(a, b) for a, b in zip(policy.model.parameters(), plain.model.parameters()))
+
+    by_hand, hand_mini = fresh()
+    params = list(by_hand.model.parameters())
+
+    def gradient(zeroed: set) -> list:  # the mini-batch's gradient with the named regions' advantages set to 0
+        total = [torch.zeros_like(p) for p in params]
+        for mb in hand_mini.micro:
+            logp = train.response_logprobs(by_hand, mb, grad=True)[0]
+            adv = mb.advantages.expand_as(logp).clone()
+            d = (logp - mb.old_logp).exp().detach()
+            regions = {"low_neg": (d < 1 - cfg.eps_low) & (adv < 0), "high_pos": (d > 1 + cfg.eps_high) & (adv > 0)}
+            for name in zeroed:
+                adv[regions[name] & (mb.response_mask > 0)] = 0.0
+            loss = L.policy_loss(logp, mb.old_logp, adv, mb.response_mask, cfg, totals=hand_mini.totals)[0]
+            for t, g in zip(total, torch.autograd.grad(loss, params)):
+                t += g
+        return total
+
+    def norm(tensors):
+        return torch.sqrt(sum(t.double().square().sum() for t in tensors)).item()
+
+    whole, rest = gradient(set()), gradient({"low_neg", "high_pos"})
+    low = [w - g for w, g in zip(whole, gradient({"low_neg"}))]
+    high = [w - g for w, g in zip(whole, gradient({"high_pos"}))]
+    for s, w in zip([a + b + c for a, b, c in zip(low, high, rest)], whole):
+        torch.testing.assert_close(s, w, rtol=1e-5, atol=1e-7)  # the three parts sum to the whole
+    for name, part in [("low_neg", low), ("high_pos", high), ("rest", rest)]:
+        assert logged[f"grad_norm_{name}"] == pytest.approx(norm(part), rel=1e-4, abs=1e-7), name
+    dot = sum((a.double() * b.double()).sum() for a, b in zip(low, rest)).item()
+    if algo_flags[1] == "grpo":
+        assert logged["grad_norm_low_neg"] == logged["grad_norm_high_pos"] == 0.0 == logged["grad_cos_low_neg_rest"]
+    else:
+        assert logged["grad_norm_low_neg"] > 1e-3 and logged["grad_norm_high_pos"] > 1e-3
+        assert logged["grad_cos_low_neg_rest"] == pytest.approx(dot / norm(low) / norm(rest), rel=1e-4)
+
+
+def test_region_grad_norms_are_logged_for_the_last_mini_batch_unless_asked_otherwise(tiny_model_path):
+    """The default measures the step's last mini-batch only (the first is on-policy: d = 1, both regions empty); "all"
+    every one (their mean), "off" none; an algorithm without clip regions or a sharded model logs none."""
+    assert parse_train_args([]).region_grad_norms == "last"
+    assert parse_train_args(["--precision", "bf16"]).region_grad_norms == "last"  # not typed: not refused
+    from cegppo_utils import flags
+    with pytest.raises(SystemExit):
+        flags.parse_args(["--precision", "bf16", "--region-grad-norms", "all"], train.__doc__)
+    with pytest.raises(SystemExit):
+        flags.parse_args(["--algo", "cispo", "--region-grad-norms", "last"], train.__doc__)

@@ -71,6 +71,24 @@ COLLAPSE_ARMS = ["grpo", "ppo_clip_tm", "ce_gppo_0_1", "ce_gppo_0.1_1", "ce_gppo
                  "ce_gppo_1_1", "ce_gppo_0.5_1_recipe", "ppo_clip_tm_recipe", "ce_gppo_0.5_1_u4", "ppo_clip_tm_u4",
                  "ce_gppo_0.5_1_u2", "ppo_clip_tm_u2"]
 
+# The fourth study, on what sets CE-GPPO's stability at --preset merge-active (docs/study-protocol-stability.md):
+# cells of learning rate x optimizer steps per rollout batch, each with (0.5, 1) beside its token-mean PPO-clip control;
+# the reference cell (lr 2e-4, 8 steps) with (1, 1); the ratio-aware beta1 (a mechanism arm: weight beta1 d in the beta1
+# region); and the official recipe's two parts apart (the positive-example NLL alone, the oversampling alone).
+CELLS = {"lr1e-4": ["--lr", "1e-4"], "lr5e-5": ["--lr", "5e-5"],
+         "u2_lr8e-4": ["--mini-batch-prompts", "4", "--lr", "8e-4"]}
+CONFIGS.update({
+    **{f"{name}_{cell}": CONFIGS[base] + more for cell, more in CELLS.items()
+       for name, base in (("ce_gppo_0.5_1", "ce_gppo_0.5_1"), ("ppo_clip_tm", "ppo_clip"))},
+    "ce_gppo_1_1_ratio": CONFIGS["ce_gppo_1_1"] + ["--beta1-weight", "ratio"],
+    "ce_gppo_0.5_1_ratio": CONFIGS["ce_gppo_0.5_1"] + ["--beta1-weight", "ratio"],
+    "ce_gppo_0.5_1_nll": CONFIGS["ce_gppo_0.5_1"] + RECIPE[:2],
+    "ce_gppo_0.5_1_oversample": CONFIGS["ce_gppo_0.5_1"] + RECIPE[2:],
+})
+STABILITY_ARMS = ["ppo_clip_tm", "ce_gppo_0.5_1", "ce_gppo_1_1", "ppo_clip_tm_lr1e-4", "ce_gppo_0.5_1_lr1e-4",
+                  "ppo_clip_tm_lr5e-5", "ce_gppo_0.5_1_lr5e-5", "ppo_clip_tm_u2_lr8e-4", "ce_gppo_0.5_1_u2_lr8e-4",
+                  "ce_gppo_1_1_ratio", "ce_gppo_0.5_1_ratio", "ce_gppo_0.5_1_nll", "ce_gppo_0.5_1_oversample"]
+
 # What each tool runs unless told otherwise.
 MECHANISM_DEFAULT = ["ppo_clip", "ppo_clip_repeat", "ce_gppo_0_1", "ce_gppo_0.5_1", "ce_gppo_1_1", "ce_gppo_1_0.5",
                      "ce_gppo_1_0", "gppo", "dapo", "entropy_0.001", "entropy_0.003"]

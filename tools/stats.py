@@ -255,3 +255,54 @@ def holm_adjusted(pvalues):
         running = max(running, min(1.0, (m - rank) * pvalues[i]))
         adjusted[i] = running
     return adjusted
+
+
+# --- paired differences beyond the t-test, a slope, and how well a number ranks an outcome ---------------------------
+
+def sign_flip_p(diffs):
+    """Two-sided exact permutation p of paired differences: the share of the 2^n sign flips whose |mean| is at least
+    the observed one (ties counted; the observed signs included, so p >= 2 / 2^n for n nonzero differences). For n
+    above 20 the flips are too many to list: ValueError."""
+    n = len(diffs)
+    if not 1 <= n <= 20:
+        raise ValueError(f"sign_flip_p: needs 1 to 20 differences, got {n}")
+    observed = abs(sum(diffs)) - 1e-12 * max(1.0, max(abs(d) for d in diffs))  # a flip equal to it counts
+    hits = sum(abs(sum(d if (mask >> i) & 1 else -d for i, d in enumerate(diffs))) >= observed
+               for mask in range(2 ** n))
+    return hits / 2 ** n
+
+
+def slope_ci(xs, ys):
+    """The least-squares slope of ys on xs: (slope, [lo, hi] its 95% t-interval with n - 2 degrees of freedom, the
+    two-sided p of slope 0). Needs 3 points or more and xs that are not all equal."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if n < 3 or sxx == 0:
+        raise ValueError(f"slope_ci: needs 3 or more points with different x, got {n}")
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys))
+    se = math.sqrt(residual / (n - 2) / sxx)
+    if se == 0:
+        return slope, [slope, slope], 1.0 if slope == 0 else 0.0
+    half = t_quantile(0.975, n - 2) * se
+    return slope, [slope - half, slope + half], 2 * t_sf(abs(slope) / se, n - 2)
+
+
+def auc(positives, negatives):
+    """The area under the ROC curve of a score that should be higher for positives: the share of (positive,
+    negative) pairs the score orders right, ties counted half (the Mann-Whitney U over m n)."""
+    if not positives or not negatives:
+        raise ValueError("auc: needs at least one positive and one negative")
+    right = sum((p > q) + 0.5 * (p == q) for p in positives for q in negatives)
+    return right / (len(positives) * len(negatives))
+
+
+def auc_bootstrap_ci(positives, negatives, resamples=10000, seed=0):
+    """A 95% percentile interval of auc() from a stratified bootstrap: positives and negatives resampled separately,
+    with replacement, `resamples` times from a fixed seed (so the interval re-derives exactly)."""
+    import random
+    rng = random.Random(seed)
+    draws = sorted(auc(rng.choices(positives, k=len(positives)), rng.choices(negatives, k=len(negatives)))
+                   for _ in range(resamples))
+    return [draws[int(0.025 * resamples)], draws[int(math.ceil(0.975 * resamples)) - 1]]

@@ -206,3 +206,30 @@ def test_the_figure_draws_accuracy_entropy_and_response_length_against_step(tmp_
     (line,) = axes[2].get_lines()
     assert list(line.get_xdata()) == list(range(1, SC.STEPS + 1))
     assert list(line.get_ydata()) == [90.0 + s for s in range(1, SC.STEPS + 1)]
+
+
+def test_a_permutation_p_at_its_floor_is_said_as_a_bound_and_onset_is_ranked_among_collapsed_runs_too():
+    """No shuffle of 20,000 as extreme gives p = 1 / 20,001: the page says "< 1e-4", not 5e-05. Beside the rank
+    correlation over every run (the censored ones ranked last) stands the one over the collapsed runs alone, which the
+    censoring cannot drive: here later onsets at the larger beta1, so its rho is positive while the first is negative."""
+    assert SC.permutation_p(1 / 20001) == "< 1e-4" and SC.permutation_p(0.346) == "0.346"
+    study = {"ce_gppo_0.25_1": {**{str(s): run(lambda s: 0.0 if s >= 30 else 1.0, final=0.02) for s in range(2)},
+                                **{str(s): run(lambda s: 0.4) for s in range(2, 5)}},
+             "ce_gppo_1_1": {str(s): run(lambda s, k=s: 0.0 if s >= 60 + k else 1.0, final=0.02) for s in range(5)}}
+    d = SC.dose(study)
+    assert d["onset_rho"] < 0 < d["collapsed_rho"]
+    assert "among the collapsed runs only rho +" in "\n".join(SC.dose_section(study))
+
+
+def test_the_third_studys_pages_carry_its_corrections():
+    """Read against the JSON (issue of 2026-11-28): what the pages no longer say, and what they now say."""
+    page = (SC.ROOT + "/docs/study-collapse.md")
+    with open(page) as f:
+        text = " ".join(f.read().split())
+    for retracted in ("its weight, beta1, does", "19:31", "permutation p 5e-5", "the larger beta1, the earlier",
+                      "entropy was not clearly higher"):
+        assert retracted not in text, retracted
+    for said in ("among the 11 runs that collapsed, rho is -0.32", "+0.020 [+0.0002, +0.0399]",
+                 "the two are not separated here", "Intervals on the logit scale, added after the runs",
+                 "recovered: its final avg@8 is 64%", "p < 0.05 to p <= 0.05 at 52 of the 65 runs"):
+        assert said in text, said

@@ -118,7 +118,7 @@ def family_rows(study: dict, tests) -> list[dict]:
 def dose(study: dict) -> dict:
     """The beta1 dose at beta2 = 1: incidence per beta1, the exact trend test, onset against beta1 (non-collapsed runs
     ranked after every onset, at STEPS + 1), and the smallest beta1 with a collapse."""
-    arms, xs, ys = [], [], []
+    arms, xs, ys, cx, cy = [], [], [], [], []
     for arm, beta1 in DOSE:
         runs = finished(study.get(arm, {}))
         if not runs:
@@ -127,10 +127,13 @@ def dose(study: dict) -> dict:
         arms.append((beta1, len(runs), sum(o is not None for o in onsets)))
         xs += [beta1] * len(onsets)
         ys += [STEPS + 1 if o is None else o for o in onsets]
+        cx, cy = cx + [beta1 for o in onsets if o is not None], cy + [o for o in onsets if o is not None]
     out = {"arms": arms}
     if len(arms) > 1 and any(k for _, _, k in arms):
         out["trend_p"] = exact_trend(arms)
-        out["onset_rho"], out["onset_p"] = rank_correlation_p(xs, ys)
+        out["onset_rho"], out["onset_p"] = rank_correlation_p(xs, ys, permutations=SHUFFLES)
+        if len(set(cx)) > 1:
+            out["collapsed_rho"], out["collapsed_p"] = rank_correlation_p(cx, cy, permutations=SHUFFLES)
     out["smallest_collapsing_beta1"] = min((b for b, _, k in arms if k), default=None)
     return out
 
@@ -200,7 +203,7 @@ def final_cell(finals) -> str:
 
 def arms_table(study: dict, arms) -> str:
     lines = ["| arm | runs | collapsed [exact 95% CI of the rate] | onsets (step; - none) | final avg@8, mean [95% CI, "
-             "logit scale] | steps that trained nothing, mean |", "|---|---|---|---|---|---|"]
+             "logit scale, added after the runs] | steps that trained nothing, mean |", "|---|---|---|---|---|---|"]
     for arm in arms:
         runs = finished(study.get(arm, {}))
         if not runs:
@@ -245,8 +248,25 @@ def dose_section(study: dict) -> list[str]:
     return out + [f"Exact trend test of incidence in beta1: p = {d['trend_p']:.3g} "
                   f"(one test: {'holds' if d['trend_p'] <= ALPHA else 'not shown'}). "
                   f"Onset against beta1 (runs that did not collapse ranked last), shown, not judged: Spearman's rho "
-                  f"{d['onset_rho']:+.2f}, permutation p {d['onset_p']:.3g}. The smallest beta1 with a collapse: "
+                  f"{d['onset_rho']:+.2f}, permutation p {permutation_p(d['onset_p'])}; among the collapsed runs only "
+                  f"{collapsed_only(d)}. The smallest beta1 with a collapse: "
                   f"{d['smallest_collapsing_beta1']}.", ""]
+
+
+SHUFFLES = 20000  # rank_correlation_p's permutations
+
+
+def permutation_p(p: float) -> str:
+    """A permutation p as text; at its floor 1 / (SHUFFLES + 1), where no shuffle was as extreme, "< 1e-4" (the floor
+    is not the p)."""
+    return "< 1e-4" if p <= 1 / (SHUFFLES + 1) else f"{p:.3g}"  # the floor, 1 / 20,001, is 5.0e-5
+
+
+def collapsed_only(d: dict) -> str:
+    """Onset against beta1 over the runs that collapsed alone: without the censored runs ranked last."""
+    if "collapsed_rho" not in d:
+        return "too few to rank"
+    return f"rho {d['collapsed_rho']:+.2f}, p {permutation_p(d['collapsed_p'])}"
 
 
 def updates_trend(study: dict) -> list[str]:

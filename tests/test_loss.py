@@ -439,7 +439,7 @@ def test_icepop_flags_and_their_rules():
 # --- bad input ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(algo="ppo2"), "algo must be one of ['ce_gppo'"),
+    (dict(algo="ppo2"), "algo must be one of ['bandpo', 'ce_gppo'"),
     (dict(eps_low=0.0), "eps_low must be in (0, 1], got 0.0"),
     (dict(eps_high=-0.1), "eps_high must be > 0 and finite"),
     (dict(beta1=-0.5), "beta1 must be >= 0 and finite"),
@@ -618,13 +618,15 @@ def every_region_batch():
     """One fixed batch on which every read field of every loss moves the value: per-response advantages of both signs,
     each sign on rows whose ratios sit mostly well below, around and well above the clip ranges (so GSPO's sequence
     ratio too lands on both sides), tokens with A < 0 past the dual-clip bound (ratios up to ~16), unequal lengths;
-    entropy ratios H / H_old spread over 0.8-1.2, across ERC's band; and one A > 0 token whose probability rose
-    0.5 -> 0.63 (TV 0.13, binary KL 0.035: between DPPO's bounds and half of them)."""
+    entropy ratios H / H_old spread over 0.8-1.2, across ERC's band; one A > 0 token whose probability rose
+    0.5 -> 0.63 (TV 0.13, binary KL 0.035: between DPPO's bounds and half of them); and one A > 0 token whose
+    probability rose 0.005 -> 0.045 (d = 9: inside BandPO's upper bound there, 13.2 capped at 10, past a lower cap)."""
     g = torch.Generator().manual_seed(7)
     old_logp = -torch.rand(8, 10, generator=g, dtype=torch.float64) * 4 - 0.05
     shift = torch.tensor([-1.5, -1.5, -0.5, -0.5, 0.5, 0.5, 1.5, 1.5], dtype=torch.float64).unsqueeze(-1)
     logp = (old_logp + shift + 1.5 * torch.randn(8, 10, generator=g, dtype=torch.float64)).clamp(max=-1e-3)
     old_logp[7, 0], logp[7, 0] = math.log(0.5), math.log(0.63)
+    old_logp[5, 1], logp[5, 1] = math.log(0.005), math.log(0.045)
     adv = torch.tensor([-1.3, 0.8, -0.6, 1.1, -0.9, 0.5, -1.7, 1.4], dtype=torch.float64).unsqueeze(-1)
     mask = (torch.arange(10) < torch.tensor([10, 7, 9, 4, 10, 6, 8, 5]).unsqueeze(-1)).to(torch.float64)
     old_entropy = torch.rand(8, 10, generator=g, dtype=torch.float64) * 2 + 0.1

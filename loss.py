@@ -17,6 +17,13 @@ Read this file beside the papers:
   GMPO     Zhao et al., "Geometric-Mean Policy Optimization", arXiv 2507.20673.
   M2PO     Zheng et al., "Prosperity before Collapse", arXiv 2510.01161 (second-moment mask).
   (IcePop, arXiv 2510.18855, masks on the sampler/trainer ratio: cegppo_utils/correction.py.)
+  What TRL, verl and prime-rl ship besides (docs/framework-objectives.md):
+  LUSPO    Liu et al., arXiv 2602.05261 (GSPO with each response's loss times its length; TRL).
+  VESPO    arXiv 2602.10693 (a smooth weight on the whole response's ratio in place of a clip; TRL).
+  GPG      arXiv 2504.02546 (the plain policy gradient; verl). DRO: verl's dro (a quadratic log-ratio penalty).
+  prime-rl's default loss: DPPO-Binary-TV's mask plus Kimi-K2.5's squared log-ratio (arXiv 2602.02276).
+  BandPO   Li et al., arXiv 2603.04918 (clip bounds from an f-divergence trust region on the token's probability).
+  MaxRL    Tajwar et al., arXiv 2602.02710 (the advantage divided by the group's mean: section 5; prime-rl).
   Options usable with every algorithm:
     top-entropy tokens  Wang et al., "Beyond the 80/20 Rule", arXiv 2506.01939 (train on the top-rho entropy tokens).
     adaptive entropy    He et al., "Skywork Open Reasoner 1", arXiv 2505.22312 (the entropy coefficient

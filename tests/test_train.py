@@ -147,12 +147,11 @@ def test_the_progress_bar_shows_the_algorithms_own_diagnostics():
 @pytest.mark.slow
 def test_the_frameworks_objectives_train_on_the_tiny_preset(tmp_path, tiny_model_path, capsys):
     """`--algo luspo | vespo | gpg | dro | dppo_tv_kimi | bandpo` (gpg with --max-rl, MaxRL's advantages): two steps
-    each on the tiny preset, in this process (one import for all six): every logged number finite, each algorithm's
-    own diagnostics in metrics.jsonl, and a gradient in every step."""
+    each on the tiny preset (SMALL: 8 prompts x 4 responses), in this process (one import for all six): every logged
+    number finite, each algorithm's own diagnostics in metrics.jsonl, and a gradient in every step."""
     runs = {"luspo": [], "vespo": [], "gpg": ["--max-rl"], "dro": [], "dppo_tv_kimi": [], "bandpo": []}
     for algo, extra in runs.items():
-        train.run(["--preset", "tiny", "--gen-prompts", "8", "--n", "4", "--eval-every", "0",
-                   "--algo", algo, *extra, "--max-steps", "2", "--sampler", "hf", "--log-samples-every", "0",
+        train.run([*SMALL, "--algo", algo, *extra, "--max-steps", "2", "--sampler", "hf", "--log-samples-every", "0",
                    "--output-dir", str(tmp_path / algo)])
         rows = read_metrics(tmp_path / algo)
         assert [r["step"] for r in rows] == [1, 2], algo

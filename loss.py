@@ -17,6 +17,13 @@ Read this file beside the papers:
   GMPO     Zhao et al., "Geometric-Mean Policy Optimization", arXiv 2507.20673.
   M2PO     Zheng et al., "Prosperity before Collapse", arXiv 2510.01161 (second-moment mask).
   (IcePop, arXiv 2510.18855, masks on the sampler/trainer ratio: cegppo_utils/correction.py.)
+  What TRL, verl and prime-rl ship besides (docs/framework-objectives.md):
+  LUSPO    Liu et al., arXiv 2602.05261 (GSPO with each response's loss times its length; TRL).
+  VESPO    arXiv 2602.10693 (a smooth weight on the whole response's ratio in place of a clip; TRL).
+  GPG      arXiv 2504.02546 (the plain policy gradient; verl). DRO: verl's dro (a quadratic log-ratio penalty).
+  prime-rl's default loss: DPPO-Binary-TV's mask plus Kimi-K2.5's squared log-ratio (arXiv 2602.02276).
+  BandPO   Li et al., arXiv 2603.04918 (clip bounds from an f-divergence trust region on the token's probability).
+  MaxRL    Tajwar et al., arXiv 2602.02710 (the advantage divided by the group's mean: section 5; prime-rl).
   Options usable with every algorithm:
     top-entropy tokens  Wang et al., "Beyond the 80/20 Rule", arXiv 2506.01939 (train on the top-rho entropy tokens).
     adaptive entropy    He et al., "Skywork Open Reasoner 1", arXiv 2505.22312 (the entropy coefficient
@@ -654,6 +661,168 @@ def m2po_token_loss(t: Tokens, cfg: LossConfig):
     return -t.adv * ratio * kept, ratio.detach(), extra
 
 
+# What the frameworks ship besides (2026): TRL's LUSPO and VESPO, verl's GPG and DRO, prime-rl's default loss, BandPO.
+# MaxRL, an advantage rule, is in section 5.
+
+def luspo_token_loss(t: Tokens, cfg: LossConfig):
+    """LUSPO (arXiv 2602.05261): GSPO with each response's loss scaled by its length,
+      J = 1/G sum_i |y_i| min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i),  s_i = exp(mean_t log d_it),
+    so that a long response weighs what its tokens weigh: the gradient on log pi(y_t) is s_i A_i / G where s_i is not
+    clipped (GSPO's is s_i A_i / (G |y_i|)). As TRL's loss_type "luspo" (importance_sampling_level "sequence"): the
+    GSPO-token loss below times |y_i|, put on each token and averaged per response (seq-mean-token-mean) is TRL's mean
+    over responses of |y_i| l_i."""
+    loss, ratio, extra = gspo_token_loss(t, cfg)
+    length = t.mask.sum(-1, keepdim=True)
+    return loss * length, ratio, {"luspo_clip_frac_low": extra["gspo_clip_frac_low"],
+                                  "luspo_clip_frac_high": extra["gspo_clip_frac_high"]}
+
+
+VESPO_LOG_W_MIN = math.log(1e-8)  # TRL's lower clamp of log W (the VESPO authors' code, TRL says)
+
+
+def vespo_token_loss(t: Tokens, cfg: LossConfig):
+    """VESPO (arXiv 2602.10693): a smooth, asymmetric weight on the whole response's ratio in place of a clip,
+      W = pi_theta(y) / pi_old(y) = exp(sum_t log d_t),  phi(W) = W^k exp(lambda (1 - W)),  loss = -sg(phi(W)) A log pi,
+    (k, lambda) = (vespo_k_pos, vespo_lambda_pos) for A >= 0, (vespo_k_neg, vespo_lambda_neg) for A < 0. phi(1) = 1 and
+    phi peaks at W = k / lambda: W^k damps responses the policy has moved away from, exp(-lambda W) those it has moved
+    toward. As TRL's get_gamma_weights: log W is the sum of the clamped token log-ratios (a product of ratios, not
+    GSPO's geometric mean), clamped to [log 1e-8, 20]; phi is computed in log space, lambda + k log W - lambda W, and
+    an overflow counts as 0. A rollout correction's weights w_t enter W as TRL folds in vLLM's importance ratio:
+    log W += sum_t clamp(log w_t, log 1e-8, 20), and they do not multiply the token loss (applies_weights)."""
+    log_w = (t.log_ratio.detach() * t.mask).sum(-1, keepdim=True)
+    if t.weights is not None:
+        log_w = log_w + (torch.log(t.weights).clamp(VESPO_LOG_W_MIN, LOG_RATIO_CLAMP) * t.mask).sum(-1, keepdim=True)
+    log_w = log_w.clamp(VESPO_LOG_W_MIN, LOG_RATIO_CLAMP)
+    positive = t.adv >= 0
+    k = torch.where(positive, log_w.new_tensor(cfg.vespo_k_pos), log_w.new_tensor(cfg.vespo_k_neg))
+    lam = torch.where(positive, log_w.new_tensor(cfg.vespo_lambda_pos), log_w.new_tensor(cfg.vespo_lambda_neg))
+    phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    phi = phi.expand_as(t.logp)  # [B, 1] with one advantage per response; [B, T] with one per token
+    return -phi * t.adv * t.logp, torch.exp(t.log_ratio.detach()), {"vespo_phi": phi * t.mask}
+
+
+def gpg_token_loss(t: Tokens, cfg: LossConfig):
+    """GPG (arXiv 2504.02546): the plain policy gradient, loss = -A log pi, no ratio, clip or KL term (verl's gpg: one
+    optimizer step per batch makes d = 1). GPG's own advantage (verl's gpg estimator) is alpha (r - mean(r_group)) with
+    alpha = responses / responses with a non-zero reward: 1 under this project's +-1 rewards, so --no-scale-adv-by-std
+    gives it."""
+    return -t.adv * t.logp, torch.exp(t.log_ratio.detach()), {}
+
+
+def _log_ratio_unclamped(t: Tokens):
+    """log d without the +-20 clamp (0 on padding): a quadratic penalty on it cannot overflow, and beyond the clamp it
+    is what pulls a runaway token back."""
+    return (t.logp - t.old_logp) * t.mask
+
+
+def dro_token_loss(t: Tokens, cfg: LossConfig):
+    """DRO, Direct Reward Optimization (verl's dro; docs/algo/dro.md): the policy gradient with a quadratic penalty on
+    the log-ratio to the sampling policy,
+      loss = -(A log pi - dro_beta / 2 (log d)^2),   gradient -(A - dro_beta log d) grad log pi,
+    which pulls every token back toward pi_old in proportion to how far it moved, whatever its A."""
+    log_ratio = _log_ratio_unclamped(t)
+    penalty = 0.5 * cfg.dro_beta * log_ratio.square()
+    return -(t.adv * t.logp - penalty), torch.exp(t.log_ratio.detach()), {"dro_penalty": penalty.detach()}
+
+
+def dppo_tv_kimi_token_loss(t: Tokens, cfg: LossConfig):
+    """prime-rl's default loss (src/prime_rl/trainer/rl/loss.py, default_loss_fn): DPPO-Binary-TV's mask (arXiv
+    2602.04879; bounds dppo_mask_low, dppo_mask_high) on the policy term -A d, plus Kimi-K2.5's squared log-ratio
+    (arXiv 2602.02276) on every response token, masked or not:
+      loss = -M A d + kimi_kl_tau (log d)^2,   M = 0 where p - p_old > dppo_mask_high (A > 0) or < -dppo_mask_low
+    (A <= 0). Not dppo_tv plus --kl-coef: its penalty is on the ratio to the sampling policy, not a KL to a frozen
+    reference, and its value is -A d where dppo_tv's is -A sg(d) log pi (the same gradient, d A grad log pi). prime-rl
+    takes d and the mask against the sampler's log-probs; here against pi_old, as dppo_tv (see _dppo_loss)."""
+    prob, old_prob = t.logp.detach().exp(), t.old_logp.exp()
+    masked = ~torch.where(t.adv > 0, prob - old_prob <= cfg.dppo_mask_high, prob - old_prob >= -cfg.dppo_mask_low)
+    ratio = torch.exp(t.log_ratio)
+    penalty = cfg.kimi_kl_tau * _log_ratio_unclamped(t).square()
+    valid = t.mask > 0
+    extra = {"dppo_masked_frac_pos": masked & (t.adv > 0) & valid, "dppo_masked_frac_neg": masked & (t.adv < 0) & valid,
+             "kimi_kl_penalty": penalty.detach()}
+    return -t.adv * ratio * ~masked + penalty, ratio.detach(), extra
+
+
+BAND_DIVERGENCES = ("kl", "tv", "chi2")
+BAND_EDGE = 1e-6  # the reference's limits: p_old within this of 0 or 1 takes the bounds' limiting values
+
+
+def band_bounds(old_logp: torch.Tensor, divergence: str, delta: float, upper_max: float):
+    """BandPO's Band operator (arXiv 2603.04918; OpenMOSS/BandPO band.py): the clip bounds [lower, upper] on d for a
+    token of old probability p, the ratios r = p' / p at which the f-divergence between the binary distributions
+    {y_t, not y_t} under p and p' = r p reaches delta,
+      D_f(p, r) = p f(r) + (1 - p) f((1 - r p) / (1 - p)) = delta,   lower in [0, 1], upper in [1, 1 / p],
+    tv: f(u) = |u - 1| / 2, so r = 1 -+ delta / p;  chi2: f(u) = (u - 1)^2, r = 1 -+ sqrt(delta (1 - p) / p);
+    kl: f(u) = u - 1 - log u, D_f = KL(Bernoulli(p) || Bernoulli(r p)) (DPPO-Binary-KL's divergence), no closed form:
+    solved by bisection to float64 rounding (the reference's bisection stops within 1e-6). A bound that no r reaches
+    within [0, 1 / p] is the simplex's end. As the reference: p within 1e-6 of 1 takes the limits (lower, upper) =
+    (r*, 1), r* = e^-delta (kl), 1 - delta (tv), 1 (chi2); p below 1e-6 takes (0, 1 / p); then upper <= upper_max
+    (its scripts: 10). Low-probability tokens get room to rise (kl, delta 0.05: upper 7.8 at p = 0.01, against PPO's
+    1.2), likely ones less than PPO's (1.08 at p = 0.9). Detached, in float64; [B, T] each, in old_logp's dtype."""
+    with torch.no_grad():
+        p = old_logp.detach().double().clamp(-700.0, 0.0).exp()  # as the reference: p > 0 in float64
+        if divergence == "tv":
+            lower, upper = 1 - delta / p, 1 + delta / p
+        elif divergence == "chi2":
+            spread = torch.sqrt(delta * (1 - p) / p)
+            lower, upper = 1 - spread, 1 + spread
+        elif divergence == "kl":
+            lower, upper = _band_kl_lower(p, delta), _band_kl_upper(p, delta, upper_max)
+        else:
+            raise ValueError(f"band_divergence must be one of {BAND_DIVERGENCES}, got {divergence!r}")
+        limit = {"kl": math.exp(-delta), "tv": max(1 - delta, 0.0), "chi2": 1.0}[divergence]
+        near_one, near_zero = p > 1 - BAND_EDGE, p < BAND_EDGE
+        lower = torch.where(near_one, limit, torch.where(near_zero, 0.0, lower)).clamp(0.0, 1.0)
+        upper = torch.minimum(upper, 1 / p)  # the simplex: p' = r p <= 1
+        upper = torch.where(near_one, 1.0, torch.where(near_zero, 1 / p.clamp(min=1e-12), upper))
+        return lower.to(old_logp.dtype), upper.clamp(1.0, upper_max).to(old_logp.dtype)
+
+
+BISECTIONS = 64  # halvings of the bracket: to 5e-20 of its width (1, or at most band_upper_max - 1)
+
+
+def _binary_kl(p, q):
+    """KL(Bernoulli(p) || Bernoulli(q)) for 0 < p < 1, q in [0, 1] (inf at q = 0 or 1)."""
+    return p * torch.log(p / q) + (1 - p) * torch.log((1 - p) / (1 - q))
+
+
+def _band_kl_upper(p, delta, upper_max):
+    """The r in [1, min(1 / p, upper_max)] where KL(p || r p) = delta (increasing in r), or that interval's end."""
+    low, high = torch.ones_like(p), torch.minimum(1 / p, torch.full_like(p, upper_max))
+    reached = _binary_kl(p, high * p) >= delta
+    for _ in range(BISECTIONS):
+        mid = (low + high) / 2
+        inside = _binary_kl(p, mid * p) < delta
+        low, high = torch.where(inside, mid, low), torch.where(inside, high, mid)
+    return torch.where(reached, (low + high) / 2, torch.minimum(1 / p, torch.full_like(p, upper_max)))
+
+
+def _band_kl_lower(p, delta):
+    """The r in [0, 1] where KL(p || r p) = delta (decreasing in r; infinite at r = 0, so always reached)."""
+    low, high = torch.zeros_like(p), torch.ones_like(p)
+    for _ in range(BISECTIONS):
+        mid = (low + high) / 2
+        inside = _binary_kl(p, mid * p) < delta
+        low, high = torch.where(inside, low, mid), torch.where(inside, mid, high)
+    return (low + high) / 2
+
+
+def bandpo_token_loss(t: Tokens, cfg: LossConfig):
+    """BandPO (arXiv 2603.04918): PPO-clip whose interval comes from a trust region on each token's probability instead
+    of fixed eps: loss = max(-d A, -clip(d, lower, upper) A), then dual clip, with (lower, upper) = band_bounds(p_old).
+    As the authors' verl fork (compute_policy_loss_vanilla with use_tokenwise_ratio_bounds): the bounds from the old
+    log-probs, the hard clip, dual clip 10, seq-mean-token-mean; its "relax" option (the band widened to at least PPO's
+    [1 - eps_low, 1 + eps_high]; off in its main scripts) is not here, so eps_low and eps_high are not read."""
+    ratio = torch.exp(t.log_ratio)
+    lower, upper = band_bounds(t.old_logp, cfg.band_divergence, cfg.band_delta, cfg.band_upper_max)
+    clipped = torch.clamp(ratio, lower, upper)
+    loss, extra = _dual_clip(torch.maximum(-t.adv * ratio, -t.adv * clipped), t.adv, cfg.clip_ratio_c)
+    r, valid = ratio.detach(), t.mask > 0
+    extra.update(band_clip_frac_low=(r < lower) & (t.adv < 0) & valid,
+                 band_clip_frac_high=(r > upper) & (t.adv > 0) & valid)
+    return loss, r, extra
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. The registry: each algorithm's loss and its own defaults
 # ---------------------------------------------------------------------------------------------
@@ -841,6 +1010,67 @@ ALGORITHMS = {
         dynamic_clip=False,
         diagnostics=(Diagnostic("m2po_masked_frac", "masked: the largest (log d)^2 (no gradient)", "masked"),
                      Diagnostic("m2po_second_moment", "mean (log d)^2 over every token, before the mask", "m2"))),
+    # LUSPO: TRL's paper index (the paper's §5.1): eps 2e-3 / 2.5e-3; TRL's luspo averages |y_i| l_i over responses
+    "luspo": Algorithm(
+        luspo_token_loss,
+        dict(eps_low=2e-3, eps_high=2.5e-3, clip_ratio_c=0.0, loss_agg_mode="seq-mean-token-mean"),
+        reads=_CLIP,
+        paper="arXiv 2602.05261",
+        objective="`gspo` with each response's loss times its length",
+        dynamic_clip=False, proportional_to_advantage=True,
+        diagnostics=(Diagnostic("luspo_clip_frac_low", "sequence clipped: s < 1 - eps_low, A < 0 (no gradient)",
+                                "clip_lo"),
+                     Diagnostic("luspo_clip_frac_high", "sequence clipped: s > 1 + eps_high, A > 0 (no gradient)",
+                                "clip_hi"))),
+    # VESPO: TRL's vespo_k_pos 2, vespo_lambda_pos 3, vespo_k_neg 3, vespo_lambda_neg 2; TRL divides by the tokens
+    "vespo": Algorithm(
+        vespo_token_loss,
+        dict(clip_ratio_c=0.0, loss_agg_mode="token-mean", vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0,
+             vespo_lambda_neg=2.0),
+        reads=("loss_agg_mode", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"),
+        paper="arXiv 2602.10693",
+        objective="`-sg(phi(W)) A log pi`, `phi(W) = W^k exp(lambda (1 - W))`, `W` the response's ratio `prod_t d`",
+        dynamic_clip=False, proportional_to_advantage=True, applies_weights=True,
+        diagnostics=(Diagnostic("vespo_phi", "mean weight phi(W) per token (1 on-policy; not a share)", "phi"),)),
+    # GPG: verl's gpg, token-mean (verl's loss_agg_mode default)
+    "gpg": Algorithm(
+        gpg_token_loss, dict(clip_ratio_c=0.0, loss_agg_mode="token-mean"),
+        reads=("loss_agg_mode",),
+        paper="arXiv 2504.02546", objective="`-A log pi`",
+        dynamic_clip=False, proportional_to_advantage=True),
+    # DRO: verl's dro; its config has no default dro_beta (it must be set): 0.05 is its PR's example (#7245) and test
+    "dro": Algorithm(
+        dro_token_loss, dict(clip_ratio_c=0.0, loss_agg_mode="token-mean", dro_beta=0.05),
+        reads=("loss_agg_mode", "dro_beta"),
+        paper="verl `dro`",
+        objective="`-(A log pi - dro_beta / 2 (log d)^2)`",
+        dynamic_clip=False,
+        diagnostics=(Diagnostic("dro_penalty", "mean penalty dro_beta / 2 (log d)^2 per token (not a share)",
+                                "pen"),)),
+    # prime-rl's default loss: its DefaultLossConfig (dppo_mask_low 0.2, dppo_mask_high 0.2, kl_tau 1e-3); the summed
+    # loss divided by the step's tokens (token-mean)
+    "dppo_tv_kimi": Algorithm(
+        dppo_tv_kimi_token_loss,
+        dict(clip_ratio_c=0.0, loss_agg_mode="token-mean", dppo_mask_low=0.2, dppo_mask_high=0.2, kimi_kl_tau=1e-3),
+        reads=("loss_agg_mode", "dppo_mask_low", "dppo_mask_high", "kimi_kl_tau"),
+        paper="arXiv 2602.04879 + 2602.02276 (prime-rl's default)",
+        objective="`-A d`, masked as `dppo_tv`, plus `kimi_kl_tau (log d)^2` on every token",
+        dynamic_clip=False, diagnostics=DPPO_MASKS[:2] + (
+            Diagnostic("kimi_kl_penalty", "mean penalty kimi_kl_tau (log d)^2 per token (not a share)", "pen"),)),
+    # BandPO: the authors' scripts (RLtraining/verl/baselinescripts/*/bandpo__grpo_plus_ray_bandkl005.sh): KL band,
+    # radius 0.05, upper bound at most 10, dual clip 10, seq-mean-token-mean
+    "bandpo": Algorithm(
+        bandpo_token_loss,
+        dict(clip_ratio_c=10.0, loss_agg_mode="seq-mean-token-mean", band_divergence="kl", band_delta=0.05,
+             band_upper_max=10.0),
+        reads=("loss_agg_mode", "clip_ratio_c", "band_divergence", "band_delta", "band_upper_max"),
+        paper="arXiv 2603.04918",
+        objective="PPO-clip on `[lower(p_old), upper(p_old)]`, where the binary f-divergence reaches `band_delta`; "
+                  "dual clip",
+        dynamic_clip=False, proportional_to_advantage=True,
+        diagnostics=(Diagnostic("band_clip_frac_low", "clipped: d < lower(p_old), A < 0 (no gradient)", "clip_lo"),
+                     Diagnostic("band_clip_frac_high", "clipped: d > upper(p_old), A > 0 (no gradient)", "clip_hi"),
+                     *DUAL_CLIP)),
 }
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -896,11 +1126,19 @@ def skips_zero_advantage(cfg: LossConfig) -> bool:
 # 5. Group-relative advantages
 # ---------------------------------------------------------------------------------------------
 
-def group_advantages(rewards: torch.Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6):
+def group_advantages(rewards: torch.Tensor, group_size: int, *, scale_by_std: bool = True, max_rl: bool = False,
+                     eps: float = 1e-6):
     """GRPO: A_i = (r_i - mean(r_group)) / (std(r_group) + 1e-6), unbiased std as the official code.
 
     rewards [num_groups * group_size], the responses of one prompt contiguous. scale_by_std=False gives
     Dr. GRPO (arXiv 2503.20783): A_i = r_i - mean(r_group). Returns one advantage per response.
+
+    max_rl=True gives MaxRL's (arXiv 2602.02710; prime-rl algo.type "max_rl"): A_i = (r_i - mean(r_group)) /
+    mean(r_group), the centred reward divided by the group's mean instead of its std, and 0 for a group whose mean is
+    not above 0; scale_by_std is then not used. For rewards in {0, 1} (success) the mean is the group's pass rate p and
+    sum_i A_i grad log pi(y_i) estimates grad log p: the gradient of the likelihood of success, which weighs a hard
+    prompt by 1 / p where GRPO's weighs it by about 1 / sqrt(p (1 - p)). Rewards must not be negative (train.py passes
+    the success indicator, not the +-1 reward).
     """
     if group_size < 2:
         raise ValueError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
@@ -908,7 +1146,12 @@ def group_advantages(rewards: torch.Tensor, group_size: int, *, scale_by_std: bo
         raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries, "
                          f"got shape {tuple(rewards.shape)}")
     r = rewards.float().view(-1, group_size)
-    adv = r - r.mean(dim=1, keepdim=True)
+    mean = r.mean(dim=1, keepdim=True)
+    adv = r - mean
+    if max_rl:
+        if (r < 0).any():
+            raise ValueError("max_rl needs rewards >= 0 (the success indicator 1 / 0); got a negative reward")
+        return (adv / torch.where(mean > 0, mean, 1.0) * (mean > 0)).view(-1)
     if scale_by_std:
         adv = adv / (r.std(dim=1, keepdim=True, unbiased=True) + eps)
     return adv.view(-1)
@@ -1143,6 +1386,7 @@ def option(default, rule: Rule):
 
 
 BETA_CAP = "it scales the loss's gradient; the paper uses 0.5 to 1"  # beta1, beta2: at most 100
+VESPO_LAMBDA = Rule(1e-4, says=">= 1e-4 and finite (TRL raises a smaller lambda to 1e-4)")
 
 
 @dataclass(frozen=True)
@@ -1220,6 +1464,23 @@ class LossConfig:
                                                    # past this divergence (verl: TV 0.15, KL 0.05)
     m2_threshold: float = option(0.04, Rule(0, low_open=True))  # M2PO: mask the largest (log d)^2 until the
                                                                 # rest's mean is below this (paper, AReaL: 0.04)
+    vespo_k_pos: float = option(2.0, Rule(0))  # VESPO: the power k of W^k for A >= 0, how hard a response the
+                                               # policy moved away from (W < 1) is damped (TRL: 2)
+    vespo_lambda_pos: float = option(3.0, VESPO_LAMBDA)  # VESPO: the rate lambda of exp(lambda (1 - W)) for A >= 0,
+                                                         # how hard a response it moved toward (W > 1) is damped
+                                                         # (TRL: 3)
+    vespo_k_neg: float = option(3.0, Rule(0))  # VESPO: k for A < 0 (TRL: 3)
+    vespo_lambda_neg: float = option(2.0, VESPO_LAMBDA)  # VESPO: lambda for A < 0 (TRL: 2)
+    dro_beta: float = option(0.05, Rule(0, low_open=True))  # DRO: weight of (log d)^2 / 2 (verl requires one > 0; its
+                                                            # PR's example: 0.05)
+    kimi_kl_tau: float = option(1e-3, Rule(0))  # dppo_tv_kimi: weight of (log d)^2 on every token
+                                                # (prime-rl kl_tau: 1e-3)
+    band_divergence: str = option("kl", Rule(choices=BAND_DIVERGENCES))  # BandPO: the f-divergence of its trust
+                                                                         # region (the authors' main scripts: kl)
+    band_delta: float = option(0.05, Rule(0, low_open=True))  # BandPO: the trust region's radius (the authors'
+                                                              # scripts: 0.05)
+    band_upper_max: float = option(10.0, Rule(1, low_open=True))  # BandPO: the largest upper bound on d (the
+                                                                  # authors' scripts: 10)
 
 
 def loss_config(algo: str = "ce_gppo", **overrides) -> LossConfig:

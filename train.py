@@ -9,7 +9,7 @@ One step, as in the official scripts (each a call in main):
   1. rollout: sample n responses for each of `gen_prompts` prompts                    rollout.py
   2. reward: +1 correct / -1 otherwise                                                reward.py
   3. dynamic sampling: drop groups whose accuracy has zero variance; keep at most `train_prompts`
-  4. advantages (r - mean) / (std + 1e-6) per group                                   loss.group_advantages
+  4. advantages (r - mean) / (std + 1e-6) per group (--max-rl: (c - mean) / mean)     loss.group_advantages
   5. old log-probs (and entropy) from the training model, no grad; with --rollout-correction, the sampler/trainer
      importance weights                                                               cegppo_utils/correction.py
   6. mini-batches of `mini_batch_prompts` prompts: accumulate micro-batches with the mini-batch's exact token
@@ -167,13 +167,15 @@ def score_groups(groups, args, device):
 
 
 def select_groups(rewards, correct, args):
-    """3. Dynamic sampling: the groups whose accuracy varies, at most train_prompts, in batch order; 4. their GRPO
+    """3. Dynamic sampling: the groups whose accuracy varies, at most train_prompts, in batch order; 4. their group
     advantages [kept, n]."""
     varies = [i for i in range(len(rewards)) if correct[i].float().std() > 0 or not args.dynamic_sampling]
     kept = varies[:args.train_prompts]
     if not kept:
         return kept, torch.zeros(0, args.n)
-    advantages = L.group_advantages(rewards[kept].flatten(), args.n, scale_by_std=args.scale_adv_by_std)
+    # MaxRL's rule is for rewards in {0, 1}: it takes the success indicator (reward +1), not the +-1 reward
+    scored = correct[kept].float() if args.max_rl else rewards[kept]
+    advantages = L.group_advantages(scored.flatten(), args.n, scale_by_std=args.scale_adv_by_std, max_rl=args.max_rl)
     return kept, advantages.view(len(kept), args.n)
 
 

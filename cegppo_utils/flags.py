@@ -50,6 +50,8 @@ class Args:
     # --- algorithm: besides these, every field of loss.LossConfig is a flag of its own (--algo, --beta1, ...)
     loss: L.LossConfig = field(default_factory=L.LossConfig)
     scale_adv_by_std: bool = True  # GRPO advantages; --no-scale-adv-by-std = Dr. GRPO (r - mean)
+    max_rl: bool = False  # MaxRL advantages (arXiv 2602.02710): (c - mean c) / mean c per group on the success
+                          # indicator c, the group's mean in place of GRPO's std (--scale-adv-by-std does not apply)
     dynamic_sampling: bool = True  # drop groups whose accuracy has zero variance (official: on)
     rollout_correction: str = L.option("none", L.Rule(choices=CORRECTION_MODES))  # sampler/trainer mismatch
                                                                                   # weights (correction.py)
@@ -292,6 +294,8 @@ def validate(a: Args) -> list[str]:
 # Options read only in a mode: {field: (whether the run is in that mode, the mode as flags)}. The algorithm's own
 # options are loss.ALGORITHMS[algo].reads; together, the one rule for an option given where nothing reads it.
 MODE_OPTIONS = {
+    "scale_adv_by_std": (lambda a: not a.max_rl, "GRPO's advantages, not --max-rl's (which divide by the group's "
+                                                 "mean, not its std)"),
     "icepop_low": (lambda a: a.rollout_correction == "token-icepop", "--rollout-correction token-icepop"),
     "icepop_high": (lambda a: a.rollout_correction == "token-icepop", "--rollout-correction token-icepop"),
     "rollout_correction_threshold": (lambda a: a.rollout_correction not in ("none", "token-icepop"),

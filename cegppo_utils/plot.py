@@ -261,7 +261,10 @@ def run_summary(rows: list[dict], output_dir: str, final_dir: str, first_step: i
 
     def span(key, fmt):
         a, b = (_mean([r.get(key) for r in part]) for part in (steps[:k], steps[-k:]))
-        return "n/a" if a is None else (fmt(a) if len(steps) == 1 else f"{fmt(a)} -> {fmt(b)}")
+        if a is None and b is None:
+            return "n/a"
+        a, b = ("n/a" if v is None else fmt(v) for v in (a, b))  # a step that kept no group logs no entropy
+        return a if len(steps) == 1 else f"{a} -> {b}"
 
     mine = [r for r in steps if r["step"] > first_step]
     seconds = [r["time_rollout_s"] + r["time_reward_s"] + r["time_update_s"] + r.get("time_eval_s", 0.0)

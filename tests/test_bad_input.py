@@ -573,6 +573,7 @@ def test_flag_errors_and_help_are_answered_before_torch_loads(tmp_path):
     commands = [
         (["train.py", "--max-stepz", "3"], 2, "did you mean: --max-stepz -> --max-steps?"),
         (["train.py", "--preset", "merge", "--lr", "-1"], 2, "--lr must be > 0 and at most 1"),
+        (["train.py", "--algo", "bandpo", "--band-divergence", "js"], 2, "--band-divergence must be one of"),
         (["train.py", "--config", indented], 2, "line 2, column 12: mapping values are not allowed here"),
         (["train.py", "--preset", "sums", "--help"], 0, "preset in effect: sums"),
         (["evaluate.py", "--model", "tiny", "--k", "0"], 2, "--k must be >= 1"),

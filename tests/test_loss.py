@@ -427,6 +427,99 @@ def test_icepop_zeroes_the_weight_outside_its_band_with_any_loss():
     assert abs(weighted.item()) < abs(plain.item()) / 1000
 
 
+# --- what the frameworks ship besides: LUSPO, VESPO, GPG, DRO, prime-rl's default, BandPO ----------------------------
+
+def _loss_and_grad(algo, logp, old, adv, mask, **kw):
+    logp = logp.detach().clone().requires_grad_(True)
+    loss, metrics = L.policy_loss(logp, old, adv, mask, L.loss_config(algo, **kw))
+    loss.backward()
+    return loss.item(), logp.grad, metrics
+
+
+def test_luspo_is_gspo_with_each_responses_loss_times_its_length():
+    """Per response: value |y_i| times GSPO's; gradient s_i A_i / G on each token, GSPO's s_i A_i / (G |y_i|)."""
+    logp, old, adv, mask = make_batch()
+    scale = torch.linspace(-0.03, 0.03, 8, dtype=torch.float64).unsqueeze(-1)  # s_i - 1 from -0.6% to +0.6%
+    logp = (old + (logp - old) * scale).detach()
+    luspo, luspo_grad, m = _loss_and_grad("luspo", logp, old, adv, mask)
+    gspo, gspo_grad, g = _loss_and_grad("gspo", logp, old, adv, mask, eps_low=2e-3, eps_high=2.5e-3)
+    lengths = mask.sum(-1, keepdim=True)
+    torch.testing.assert_close(luspo_grad, gspo_grad * lengths, rtol=1e-12, atol=0)
+    summed = L.loss_config("gspo", eps_low=2e-3, eps_high=2.5e-3, loss_agg_mode="seq-mean-token-sum-norm", norm_len=1)
+    per_response = L.policy_loss(logp, old, adv, mask, summed)
+    assert luspo == pytest.approx(per_response[0].item(), rel=1e-12) and luspo != pytest.approx(gspo, rel=1e-3)
+    assert m["luspo_clip_frac_high"] > 0 and m["luspo_clip_frac_low"] > 0 and (luspo_grad != 0).any()
+    assert (m["luspo_clip_frac_low"], m["luspo_clip_frac_high"]) == (g["gspo_clip_frac_low"], g["gspo_clip_frac_high"])
+
+
+def test_vespo_weighs_each_response_by_phi_of_its_whole_ratio():
+    """phi(W) = W^k e^(lambda (1 - W)), W = prod_t d: on-policy phi = 1 (the plain policy gradient -A grad log pi);
+    off-policy every token of response i gets -phi(W_i) A_i, with (k, lambda) by the sign of A."""
+    logp, old, adv, mask = make_batch()
+    logp = (old + (logp - old) * 0.05).detach()
+    value, grad, m = _loss_and_grad("vespo", old, old, adv, mask)
+    torch.testing.assert_close(grad, -adv.expand_as(grad) * mask / mask.sum(), rtol=1e-12, atol=0)
+    assert m["vespo_phi"].item() == pytest.approx(1.0, rel=1e-12)
+    value, grad, m = _loss_and_grad("vespo", logp, old, adv, mask)
+    w = ((logp - old) * mask).sum(-1, keepdim=True).exp()
+    k, lam = torch.where(adv >= 0, 2.0, 3.0), torch.where(adv >= 0, 3.0, 2.0)
+    phi = w ** k * torch.exp(lam * (1 - w))
+    torch.testing.assert_close(grad, -phi * adv * mask / mask.sum(), rtol=1e-12, atol=1e-15)
+    assert m["vespo_phi"].item() == pytest.approx(((phi * mask).sum() / mask.sum()).item(), rel=1e-12)
+    peak = torch.tensor([[math.log(2 / 3)]], dtype=torch.float64)  # W = k / lambda = 2 / 3 for A > 0
+    one = torch.ones(1, 1, dtype=torch.float64)
+    heights = [_loss_and_grad("vespo", peak + x, one * 0, one, one)[2]["vespo_phi"].item() for x in (-0.1, 0, 0.1)]
+    assert heights[1] > max(heights[0], heights[2]) and heights[1] == pytest.approx(math.e * 4 / 9, rel=1e-12)
+
+
+def test_gpg_dro_and_prime_rls_default_have_their_closed_form_gradients():
+    """GPG -A; DRO -(A - beta log d), also at A = 0 and past the +-20 clamp (its penalty pulls a runaway back);
+    dppo_tv_kimi -M A d + 2 tau log d, the penalty on masked tokens too (per token, token-mean)."""
+    ratios = [0.5, 0.95, 1.3, 1.4, math.exp(25.0), 2 / 3]
+    probs = [0.3, 0.3, 0.3, 0.3, 1e-12, 0.9]
+    advs = [1.0, -1.0, 1.0, 0.0, 1.0, -1.0]
+    logp, old, adv, mask = hand_built(ratios, advs, probs)
+    n, log_d, a = 6, torch.log(torch.tensor(ratios, dtype=torch.float64)), torch.tensor(advs, dtype=torch.float64)
+    _, grad, _ = _loss_and_grad("gpg", logp, old, adv, mask)
+    torch.testing.assert_close(grad[:, 0], -a / n, rtol=1e-12, atol=0)
+    _, grad, m = _loss_and_grad("dro", logp, old, adv, mask, dro_beta=0.5)
+    torch.testing.assert_close(grad[:, 0], -(a - 0.5 * log_d) / n, rtol=1e-12, atol=0)
+    assert grad[3, 0] > 0 and grad[4, 0] > 0  # A = 0 but moved up: pulled back; log d = 25: pulled back, hard
+    assert m["dro_penalty"].item() == pytest.approx((0.25 * log_d.square()).mean().item(), rel=1e-12)
+    _, grad, m = _loss_and_grad("dppo_tv_kimi", logp, old, adv, mask, kimi_kl_tau=0.01)
+    new = torch.tensor(probs, dtype=torch.float64) * torch.tensor(ratios, dtype=torch.float64)
+    moved = new - torch.tensor(probs, dtype=torch.float64)
+    masked = torch.where(a > 0, moved > 0.2, moved < -0.2)  # 0.3 -> 0.39 stays; 0.9 -> 0.6 fell past 0.2
+    assert masked.tolist() == [False] * 5 + [True]
+    d = torch.tensor(ratios, dtype=torch.float64).clamp(max=math.exp(20))
+    want = (-a * d * ~masked * (log_d.abs() <= 20) + 2 * 0.01 * log_d) / n  # no gradient through d past the clamp
+    torch.testing.assert_close(grad[:, 0], want, rtol=1e-12, atol=0)
+    assert m["dppo_masked_frac_neg"].item() == pytest.approx(masked[5].item() / 6)
+
+
+def test_band_bounds_are_where_the_binary_divergence_reaches_delta():
+    """Inside (p not within 1e-6 of 0 or 1, bounds not capped): tv |r p - p| = delta; chi2 p (r - 1)^2 / (1 - p) =
+    delta; kl KL(Bernoulli(p) || Bernoulli(r p)) = delta, each at both bounds; the upper capped at band_upper_max and
+    never above 1 / p. BandPO drops the gradient past them by the sign of A (and not where PPO's 1 -+ 0.2 would)."""
+    p = torch.tensor([[0.05, 0.2, 0.5, 0.7, 0.95]], dtype=torch.float64)
+    for divergence, reached in (("tv", lambda r: (r * p - p).abs()), ("chi2", lambda r: p * (r - 1) ** 2 / (1 - p)),
+                                ("kl", lambda r: p * torch.log(1 / r) + (1 - p) * torch.log((1 - p) / (1 - r * p)))):
+        lower, upper = L.band_bounds(p.log(), divergence, 0.05, 100.0)
+        inside = (lower > 0) & (upper < 1 / p)
+        assert inside.sum() >= 3, divergence
+        for bound in (lower, upper):
+            torch.testing.assert_close(reached(bound)[inside], torch.full_like(bound[inside], 0.05), rtol=1e-12, atol=0)
+        assert (L.band_bounds(p.log(), divergence, 0.05, 1.5)[1] <= 1.5).all()
+    with pytest.raises(ValueError, match="band_divergence must be one of"):
+        L.band_bounds(p.log(), "js", 0.05, 10.0)
+    # p = 0.05: kl's upper bound is 2.98; p = 0.7: 1.18. A > 0 tokens at d = 2.5 and 1.25: PPO's 1.2 would drop both,
+    # BandPO drops only the likely one
+    logp, old, adv, mask = hand_built([2.5, 1.25, 0.5], [1.0, 1.0, -1.0], [0.05, 0.7, 0.7])
+    _, grad, m = _loss_and_grad("bandpo", logp, old, adv, mask, loss_agg_mode="token-mean")
+    assert grad[0, 0] != 0 and grad[1, 0] == 0 and grad[2, 0] == 0  # 0.5 below 0.7's lower bound 0.78, A < 0
+    assert (m["band_clip_frac_high"].item(), m["band_clip_frac_low"].item()) == pytest.approx((1 / 3, 1 / 3))
+
+
 def test_icepop_flags_and_their_rules():
     from cegppo_utils import flags
     args = flags.resolve("tiny", {"rollout_correction": "token-icepop"})
@@ -439,7 +532,7 @@ def test_icepop_flags_and_their_rules():
 # --- bad input ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(algo="ppo2"), "algo must be one of ['ce_gppo'"),
+    (dict(algo="ppo2"), "algo must be one of ['bandpo', 'ce_gppo'"),
     (dict(eps_low=0.0), "eps_low must be in (0, 1], got 0.0"),
     (dict(eps_high=-0.1), "eps_high must be > 0 and finite"),
     (dict(beta1=-0.5), "beta1 must be >= 0 and finite"),
@@ -618,13 +711,15 @@ def every_region_batch():
     """One fixed batch on which every read field of every loss moves the value: per-response advantages of both signs,
     each sign on rows whose ratios sit mostly well below, around and well above the clip ranges (so GSPO's sequence
     ratio too lands on both sides), tokens with A < 0 past the dual-clip bound (ratios up to ~16), unequal lengths;
-    entropy ratios H / H_old spread over 0.8-1.2, across ERC's band; and one A > 0 token whose probability rose
-    0.5 -> 0.63 (TV 0.13, binary KL 0.035: between DPPO's bounds and half of them)."""
+    entropy ratios H / H_old spread over 0.8-1.2, across ERC's band; one A > 0 token whose probability rose
+    0.5 -> 0.63 (TV 0.13, binary KL 0.035: between DPPO's bounds and half of them); and one A > 0 token whose
+    probability rose 0.005 -> 0.045 (d = 9: inside BandPO's upper bound there, 13.2 capped at 10, past a lower cap)."""
     g = torch.Generator().manual_seed(7)
     old_logp = -torch.rand(8, 10, generator=g, dtype=torch.float64) * 4 - 0.05
     shift = torch.tensor([-1.5, -1.5, -0.5, -0.5, 0.5, 0.5, 1.5, 1.5], dtype=torch.float64).unsqueeze(-1)
     logp = (old_logp + shift + 1.5 * torch.randn(8, 10, generator=g, dtype=torch.float64)).clamp(max=-1e-3)
     old_logp[7, 0], logp[7, 0] = math.log(0.5), math.log(0.63)
+    old_logp[5, 1], logp[5, 1] = math.log(0.005), math.log(0.045)
     adv = torch.tensor([-1.3, 0.8, -0.6, 1.1, -0.9, 0.5, -1.7, 1.4], dtype=torch.float64).unsqueeze(-1)
     mask = (torch.arange(10) < torch.tensor([10, 7, 9, 4, 10, 6, 8, 5]).unsqueeze(-1)).to(torch.float64)
     old_entropy = torch.rand(8, 10, generator=g, dtype=torch.float64) * 2 + 0.1

@@ -89,6 +89,10 @@ def test_run_summary_and_sample_line(tmp_path):
     assert "first 2 steps -> last 2: -0.475 -> -0.375" in lines[1]
     assert "step 0 30.0%" in lines[3]
     assert plot.run_summary([{"step": 0, "eval_acc": 0.3}], str(tmp_path), "f") == [f"no steps logged in {tmp_path}"]
+    # a last step that kept no group logs no entropy (a short run with few prompts): said, not a TypeError
+    no_update = rows[:1] + [{k: v for k, v in rows[1].items() if k != "entropy"}]
+    assert "entropy  first 1 steps -> last 1: 0.2000 -> n/a nats/token" in plot.run_summary(no_update, str(tmp_path),
+                                                                                           "f")[2]
     one = [{**rows[0], "time_eval_s": 1.5}]  # one step, with an evaluation's time in its row
     assert plot.run_summary(one, str(tmp_path), "f")[0].startswith(
         "done: 1 step, to step 1, 2.50 s per step (rollout 0.50, reward 0.10, update 0.40, held-out evaluation 1.50)")

@@ -350,3 +350,207 @@ def test_gmpo_with_icepop_equals_verl():
     value, _ = L.policy_loss(logp, old, adv, mask, L.loss_config("gmpo"), extras=L.Extras(weights=weights))
     value.backward()
     assert fingerprint(value.item(), logp.grad) == pytest.approx(COMPARISON_NUMBERS["gmpo_icepop"], abs=1e-14, rel=1e-7)
+
+
+# --- what the frameworks ship besides: LUSPO, VESPO (TRL), GPG, DRO (verl), prime-rl's default loss, MaxRL, BandPO --
+# As above: each reference function loaded out of its file at the commit below (its imports stubbed) and run once on
+# these inputs; its numbers hard-coded. The diagnostics are compared where the reference computes the same quantity,
+# from its own masks or terms (named per case); each reference's deviations are the tolerances below.
+TRL_COMMIT = "f2cd57710ae345ea6428ae95363267fcf38a3dc8"  # huggingface/trl: trl/trainer/grpo_trainer.py (_compute_loss,
+# get_gamma_weights), run through a trainer stub as trl_loss() above
+PRIME_RL_COMMIT = "559b44772e471d1538537b8805cc77f3824a5e64"  # PrimeIntellect-ai/prime-rl: src/prime_rl/trainer/rl/
+# loss.py (default_loss_fn, per response, summed and divided by the tokens as its compute_loss),
+# src/prime_rl/orchestrator/algo/max_rl.py (MaxRLAlgorithm.score_group)
+BANDPO_COMMIT = "0de49cd919b4ddf3e161fbdf69abcf0527c79ac2"  # OpenMOSS/BandPO: RLtraining/verl/verl/bandpo/band/band.py
+# and solver.py (band), RLtraining/verl/verl/trainer/ppo/core_algos.py (compute_policy_loss_vanilla with
+# use_tokenwise_ratio_bounds, its scripts' settings); verl-project/verl at VERL_PROJECT_COMMIT for gpg and dro
+
+
+def edge_batch(beyond=False):
+    """5 responses of up to 4 tokens: a one-token response (A 1.2), an empty row, extreme ratios (log d = +-15, or
+    +-25 past the +-20 clamp with `beyond`; the rising token from p_old e^-20 or e^-30 to e^-5, within DPPO's bound),
+    a row with A = 0 (an all-equal group) whose tokens moved, and a mixed row (A -1.1)."""
+    e = 25.0 if beyond else 15.0
+    log_d = torch.tensor([[0.3, 0, 0, 0], [0.2, -0.1, 0, 0], [e, -e, 0.1, -0.2], [0.5, -0.5, 0.2, 0.0],
+                          [-0.4, 0.7, -0.05, 0.3]], dtype=torch.float64)
+    old = torch.tensor([[-0.7, -1, -1, -1], [-1.0, -2, -1, -1], [-e - 5, -1.0, -0.4, -2.5], [-1.2, -0.3, -3, -0.9],
+                        [-0.2, -2.0, -0.8, -1.6]], dtype=torch.float64)
+    mask = torch.tensor([[1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.float64)
+    return old + log_d, old, torch.tensor([[1.2], [-0.5], [0.9], [0.0], [-1.1]], dtype=torch.float64), mask
+
+
+def vespo_weights():
+    """Rollout-correction weights on batch(): exp(0.3 sin) on its tokens, one zeroed (as IcePop would), 1 on padding."""
+    _, _, _, mask, _ = batch()
+    i = torch.arange(24, dtype=torch.float64).view(4, 6)
+    w = torch.where(mask > 0, torch.exp(0.3 * torch.sin(1.1 * i)), torch.ones_like(mask))
+    w[1, 2] = 0.0
+    return w
+
+
+def framework_inputs(kind):
+    """(logp, old_logp, advantages, mask): batch(); lowered by 0.6 (every p below 1, for prime-rl's probabilities);
+    edge_batch(); edge_batch(beyond=True)."""
+    if kind in ("batch", "lowered"):
+        logp, old, adv, mask, _ = batch()
+        return (logp - 0.6, old - 0.6, adv, mask) if kind == "lowered" else (logp, old, adv, mask)
+    return edge_batch(beyond=kind == "beyond")
+
+
+_TRL, _VERL = (1e-12, 1e-12), (1e-12, 1e-12)  # the same math in float64: measured <= 6.2e-15
+# prime-rl's masked shares are float32 (1/21 there is 0.047619049): 6e-8 relative on them
+_PRIME = (1e-12, 6e-8)
+# BandPO's masked_mean divides by tokens + 1e-8 (its pg_clipfrac, and the loss under token-mean): <= 1e-8 relative
+_BAND = (1e-8, 1e-8)
+# ... and its KL bounds are bisection midpoints within 2^-21 = 4.8e-7 of the root (its solver stops at a 1e-6 bracket;
+# ours is solved to float64): a clipped token's value moves by |A| times that. Measured: 1.4e-7 relative on batch()
+_BAND_KL = (1e-6, 1e-8)
+# name: (our config, inputs, extras, our diagnostics (a+b: their sum) in the order of the numbers after the fingerprint,
+# (relative tolerance on loss and gradient, on the diagnostics))
+FRAMEWORKS = {
+    # TRL luspo with importance_sampling_level "sequence"; TRL logs the share of responses clipped: the numbers are its
+    # clip masks (coef_1 against 1 -+ eps by the sign of A) counted over each response's tokens, ours
+    "luspo": (L.loss_config("luspo"), "batch", {}, ("luspo_clip_frac_low", "luspo_clip_frac_high"), _TRL),
+    "luspo_wide": (L.loss_config("luspo", eps_low=0.2, eps_high=0.2), "batch", {},
+                   ("luspo_clip_frac_low", "luspo_clip_frac_high"), _TRL),
+    "luspo_wide_edge": (L.loss_config("luspo", eps_low=0.2, eps_high=0.2), "edge", {},
+                        ("luspo_clip_frac_low", "luspo_clip_frac_high"), _TRL),
+    # TRL vespo; its phi (get_gamma_weights) per response, averaged over tokens (TRL logs its mean over responses)
+    "vespo": (L.loss_config("vespo"), "batch", {}, ("vespo_phi",), _TRL),
+    "vespo_other": (L.loss_config("vespo", vespo_k_pos=1.0, vespo_lambda_pos=0.5, vespo_k_neg=0.5,
+                                  vespo_lambda_neg=4.0), "batch", {}, ("vespo_phi",), _TRL),
+    "vespo_weights": (L.loss_config("vespo"), "batch", {"weights": True}, ("vespo_phi",), _TRL),  # importance_sampling_
+    # ratio in TRL's inputs
+    "vespo_edge": (L.loss_config("vespo"), "edge", {}, ("vespo_phi",), _TRL),
+    "vespo_beyond": (L.loss_config("vespo"), "beyond", {}, ("vespo_phi",), _TRL),
+    # verl compute_policy_loss_gpg, token-mean; no metrics
+    "gpg": (L.loss_config("gpg"), "batch", {}, (), _VERL),
+    "gpg_edge": (L.loss_config("gpg"), "edge", {}, (), _VERL),
+    "gpg_beyond": (L.loss_config("gpg"), "beyond", {}, (), _VERL),
+    # verl compute_policy_loss_dro, token-mean; its penalty per token: its dro loss minus its gpg loss
+    "dro": (L.loss_config("dro"), "batch", {}, ("dro_penalty",), _VERL),
+    "dro_0.5": (L.loss_config("dro", dro_beta=0.5), "batch", {}, ("dro_penalty",), _VERL),
+    "dro_edge": (L.loss_config("dro"), "edge", {}, ("dro_penalty",), _VERL),
+    "dro_beyond": (L.loss_config("dro"), "beyond", {}, ("dro_penalty",), _VERL),
+    # prime-rl default_loss_fn against inference log-probs = old; its is_masked_high, is_masked_low (per response,
+    # weighted by length) and its loss at A = 0 (the penalty's token mean)
+    "dppo_tv_kimi": (L.loss_config("dppo_tv_kimi"), "lowered", {},
+                     ("dppo_masked_frac_pos", "dppo_masked_frac_neg", "kimi_kl_penalty"), _PRIME),
+    "dppo_tv_kimi_other": (L.loss_config("dppo_tv_kimi", dppo_mask_low=0.1, dppo_mask_high=0.05, kimi_kl_tau=0.5),
+                           "lowered", {}, ("dppo_masked_frac_pos", "dppo_masked_frac_neg", "kimi_kl_penalty"), _PRIME),
+    "dppo_tv_kimi_edge": (L.loss_config("dppo_tv_kimi"), "edge", {},
+                          ("dppo_masked_frac_pos", "dppo_masked_frac_neg", "kimi_kl_penalty"), _PRIME),
+    # BandPO's compute_policy_loss_vanilla (relax off, upper bound 10, dual clip 10); its pg_clipfrac (the tokens whose
+    # clip drops the gradient) and pg_clipfrac_lower (dual clip). On the edge batches token-mean: its
+    # seq-mean-token-mean divides an empty row by 0 (NaN)
+    "bandpo_kl": (L.loss_config("bandpo"), "batch", {}, ("band_clip_frac_low+band_clip_frac_high", "dual_clip_frac"),
+                  _BAND_KL),
+    "bandpo_tv": (L.loss_config("bandpo", band_divergence="tv"), "batch", {},
+                  ("band_clip_frac_low+band_clip_frac_high", "dual_clip_frac"), _BAND),
+    "bandpo_chi2": (L.loss_config("bandpo", band_divergence="chi2"), "batch", {},
+                    ("band_clip_frac_low+band_clip_frac_high", "dual_clip_frac"), _BAND),
+    "bandpo_kl_wide": (L.loss_config("bandpo", band_delta=0.2, band_upper_max=2.0), "batch", {},
+                       ("band_clip_frac_low+band_clip_frac_high", "dual_clip_frac"), _BAND_KL),
+    "bandpo_kl_edge": (L.loss_config("bandpo", loss_agg_mode="token-mean"), "edge", {},
+                       ("band_clip_frac_low+band_clip_frac_high", "dual_clip_frac"), _BAND_KL),
+    "bandpo_tv_edge": (L.loss_config("bandpo", band_divergence="tv", loss_agg_mode="token-mean"), "edge", {},
+                       ("band_clip_frac_low+band_clip_frac_high", "dual_clip_frac"), _BAND),
+    "bandpo_chi2_beyond": (L.loss_config("bandpo", band_divergence="chi2", loss_agg_mode="token-mean"), "beyond", {},
+                           ("band_clip_frac_low+band_clip_frac_high", "dual_clip_frac"), _BAND),
+}
+FRAMEWORK_NUMBERS = {}
+FRAMEWORK_NUMBERS.update({  # TRL, verl, prime-rl and BandPO at the commits above: the fingerprint, then the diagnostics
+    'luspo': [2.5608114388454046, 4.064561438845405, 48.65978438735444, 0.0, 0.19047619047619047],
+    'luspo_wide': [2.3022681737632857, 5.826854703927523, 44.254051224649146, 0.0, 0.0],
+    'luspo_wide_edge': [0.01949036459502418, 1.7119366379158234, 11.306356838291142, 0.0, 0.08333333333333333],
+    'vespo': [-1.0242040386610607, 0.9421245685421376, 10.028117674026923, 0.9096171114689229],
+    'vespo_other': [0.07621894817577719, 0.6320873393522881, 3.821293008064248, 0.8243475636694714],
+    'vespo_weights': [-0.23288916057318823, 0.17100575862767808, 3.450110250806146, 0.5065233902778442],
+    'vespo_edge': [1.5401401022130934, 0.8310804552157316, 4.654627291499363, 1.0086635687270782],
+    'vespo_beyond': [2.3570762623359696, 0.8310804552157316, 4.654627291499363, 1.0086635687270782],
+    'gpg': [-0.5635356133413489, 1.0238095238095237, 8.214285714285714],
+    'gpg_edge': [1.46875, 0.7666666666666668, 3.533333333333334],
+    'gpg_beyond': [2.2187500000000004, 0.7666666666666668, 3.533333333333334],
+    'dro': [-0.5587454874527206, 1.028036232997469, 8.235582618979464, 0.0047901258886283715],
+    'dro_0.5': [-0.5156343544550656, 1.066076615688977, 8.427254761223207, 0.04790125888628338],
+    'dro_edge': [2.4092135416666665, 0.7731250000000001, 3.522291666666667, 0.9404635416666665],
+    'dro_beyond': [4.825880208333334, 0.8314583333333334, 3.4806250000000007, 2.607130208333334],
+    'dppo_tv_kimi': [0.562817157117315, 1.032071115029116, 9.321005463170433, 0.047619047619047616,
+                     0.04761904903820583, 0.00019160503554513367],
+    'dppo_tv_kimi_other': [0.740909039938524, 1.211810154440348, 9.055216561492387, 0.09523809523809523,
+                           0.14285714569545926, 0.09580251777256683],
+    'dppo_tv_kimi_edge': [-245176.14906830955, 245176.97813269013, -2206581.056312441, 0.0, 0.08333333333333333,
+                          0.037618541666666665],
+    'bandpo_kl': [0.4030004123522802, 0.9505274784756241, 7.451167972080935, 0.23809523798185941, 0.0],
+    'bandpo_tv': [0.4810930729840387, 0.7904983133132324, 7.611197137243327, 0.2857142855782313, 0.0],
+    'bandpo_chi2': [0.43716398174911564, 0.7904983133132324, 7.611197137243327, 0.2857142855782313, 0.0],
+    'bandpo_kl_wide': [0.36146057853290925, 1.0156004881150322, 8.18354124751253, 0.14285714278911565, 0.0],
+    'bandpo_kl_edge': [-0.5539132039127371, 0.5398197339545059, 5.805533776107091, 0.24999999979166665, 0.0],
+    'bandpo_tv_edge': [-0.5204722783263775, 0.4569319151679055, 6.717299782759695, 0.3333333330555555, 0.0],
+    'bandpo_chi2_beyond': [-0.5392574698486603, 0.5398197110118319, 5.805534005533831, 0.24999999979166665, 0.0],
+})
+
+
+@pytest.mark.parametrize("name", sorted(FRAMEWORKS))
+def test_equals_the_frameworks_references(name):
+    """Loss, gradient fingerprint and every diagnostic of the case against the reference's, within its tolerance."""
+    cfg, kind, options, diagnostics, (tolerance, diagnostic_tolerance) = FRAMEWORKS[name]
+    logp, old, adv, mask = framework_inputs(kind)
+    logp.requires_grad_(True)
+    weights = vespo_weights() if options.get("weights") else None
+    value, metrics = L.policy_loss(logp, old, adv, mask, cfg, extras=L.Extras(weights=weights))
+    value.backward()
+    want = FRAMEWORK_NUMBERS[name]
+    assert fingerprint(value.item(), logp.grad) == pytest.approx(want[:3], rel=tolerance, abs=1e-12)
+    got = [sum(metrics[key].item() for key in names.split("+")) for names in diagnostics]
+    assert got == pytest.approx(want[3:], rel=diagnostic_tolerance, abs=1e-12)
+    assert len(want) == 3 + len(diagnostics) and set(metrics) >= {d.metric for d in L.diagnostics(cfg.algo)} - {
+        "dppo_truncated_frac"}
+
+
+def test_band_bounds_equal_bandpos_operator():
+    """band_bounds against BandPO's band() (radius 0.05, upper bound 10, relax off) at p_old from 1e-7 to 1 - 1e-7, both
+    limits included: TV and chi2 closed forms to rounding; KL's lower bound within its bisection's 2^-21."""
+    want = {  # band(old_log_prob, method="band" + divergence) at BANDPO_COMMIT: (lower, upper)
+        'kl': ([0.0, 0.0024971961975097656, 0.26169538497924805, 0.6915154457092285, 0.866579532623291,
+                0.951229424500714],
+               [10.0, 7.809846289670613, 2.4105537937575576, 1.308484330175844, 1.0763573374752426, 1.0]),
+        'tv': ([0.0, 0.0, 0.3749999999999999, 0.9, 0.9444444444444444, 0.95],
+               [10.0, 5.999999999999998, 1.625, 1.1, 1.0555555555555556, 1.0]),
+        'chi2': ([0.0, 0.0, 0.24171245559484478, 0.7763932022500211, 0.925464400750007, 1.0],
+                 [10.0, 3.2248595461286986, 1.7582875444051553, 1.223606797749979, 1.074535599249993, 1.0]),
+    }
+    old = torch.tensor([[math.log(p) for p in (1e-7, 0.01, 0.08, 0.5, 0.9, 1 - 1e-7)]], dtype=torch.float64)
+    for divergence, (lower, upper) in want.items():
+        got_lower, got_upper = L.band_bounds(old, divergence, 0.05, 10.0)
+        assert got_upper[0].tolist() == pytest.approx(upper, rel=1e-11, abs=0), divergence
+        assert got_lower[0].tolist() == pytest.approx(lower, rel=0, abs=2**-21 if divergence == "kl" else 1e-15), \
+            divergence
+
+
+def test_max_rl_equals_prime_rl():
+    """MaxRL's advantage against prime-rl's MaxRLAlgorithm.score_group (float32 both), groups of 0/1 rewards: one
+    success in four, half, none (no signal: 0), all (0), one of two."""
+    groups = {  # prime-rl at PRIME_RL_COMMIT
+        (1.0, 0.0, 0.0, 0.0): [3.0, -1.0, -1.0, -1.0],
+        (1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0): [1.0, 1.0, -1.0, 1.0, -1.0, -1.0, -1.0, 1.0],
+        (0.0, 0.0, 0.0, 0.0): [0.0, 0.0, 0.0, 0.0],
+        (1.0, 1.0, 1.0, 1.0): [0.0, 0.0, 0.0, 0.0],
+        (1.0, 0.0): [1.0, -1.0],
+    }
+    for rewards, want in groups.items():
+        assert L.group_advantages(torch.tensor(rewards), len(rewards), max_rl=True).tolist() == want, rewards
+    # several groups at once, each by its own mean (three successes of four: 1/3 in float32)
+    both = L.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]), 4, max_rl=True)
+    assert both.tolist() == torch.tensor([3.0, -1.0, -1.0, -1.0, 1 / 3, 1 / 3, -1.0, 1 / 3]).tolist()
+
+
+@pytest.mark.parametrize("algo", ["luspo", "vespo", "gpg", "dro", "dppo_tv_kimi", "bandpo"])
+def test_an_empty_mask_gives_a_zero_loss_without_nan(algo):
+    """No response token in the call: loss 0, gradient 0, finite metrics. TRL's luspo and vespo give 0 too; verl's
+    token-mean (gpg, dro), prime-rl's division by the step's tokens and BandPO's aggregations give 0 / 0 = NaN."""
+    logp, old, adv, mask = edge_batch()
+    logp.requires_grad_(True)
+    value, metrics = L.policy_loss(logp, old, adv, torch.zeros_like(mask), L.loss_config(algo))
+    value.backward()
+    assert value.item() == 0.0 and (logp.grad == 0).all() and all(torch.isfinite(v) for v in metrics.values())

@@ -720,12 +720,12 @@ def test_a_bad_value_in_a_config_file_or_a_runs_config_json_is_the_files(tmp_pat
     from test_runfolder import recorded_run
     config = write(tmp_path / "c.yaml", "algo: gpro\n")
     assert refusal_line(["--config", config], capsys).startswith(
-        f"train.py: error: --config {config}: algo must be one of ['ce_gppo', ")
+        f"train.py: error: --config {config}: algo must be one of ['bandpo', 'ce_gppo', ")
     run = tmp_path / "run"
     recorded_run(run, ["--max-steps", "4"], steps=[2])
     saved = json.loads((run / "config.json").read_text())
     source = f"--resume {run}: {run}/config.json"
-    for edit, said in (({"algo": "gpro"}, f"{source}: algo must be one of ['ce_gppo', "),
+    for edit, said in (({"algo": "gpro"}, f"{source}: algo must be one of ['bandpo', 'ce_gppo', "),
                        ({"lr": 5}, f"{source}: lr must be > 0 and at most 1 (an AdamW step moves a weight by about "
                                    "lr), got 5"),
                        ({"train_prompts": 64}, f"{run}/config.json: --train-prompts (64) cannot exceed --gen-prompts")):

@@ -1,10 +1,12 @@
 """train.py: the loop end to end on the tiny model, exact resume, data loaders, flags, NaN handling."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -142,6 +144,25 @@ def test_the_progress_bar_shows_the_algorithms_own_diagnostics():
     assert [a for a, names in shorts.items() if "clip_b1" in names] == ["ce_gppo"]
 
 
+@pytest.mark.slow
+def test_the_frameworks_objectives_train_on_the_tiny_preset(tmp_path, tiny_model_path, capsys):
+    """`--algo luspo | vespo | gpg | dro | dppo_tv_kimi | bandpo` (gpg with --max-rl, MaxRL's advantages): two steps
+    each on the tiny preset (SMALL: 8 prompts x 4 responses), in this process (one import for all six): every logged
+    number finite, each algorithm's own diagnostics in metrics.jsonl, and a gradient in every step."""
+    runs = {"luspo": [], "vespo": [], "gpg": ["--max-rl"], "dro": [], "dppo_tv_kimi": [], "bandpo": []}
+    for algo, extra in runs.items():
+        train.run([*SMALL, "--algo", algo, *extra, "--max-steps", "2", "--sampler", "hf", "--log-samples-every", "0",
+                   "--output-dir", str(tmp_path / algo)])
+        rows = read_metrics(tmp_path / algo)
+        assert [r["step"] for r in rows] == [1, 2], algo
+        numbers = [v for r in rows for v in r.values() if isinstance(v, (int, float))]
+        assert all(math.isfinite(v) for v in numbers), (algo, rows)
+        for d in L.diagnostics(algo):
+            assert all(d.metric in r for r in rows), (algo, d.metric)
+        assert all(r["grad_norm"] > 0 for r in rows), algo
+    assert json.load(open(tmp_path / "gpg" / "config.json"))["flags"]["max_rl"] is True
+
+
 def test_refuses_to_overwrite_a_run(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     with pytest.raises(SystemExit, match="pass --resume"):
@@ -206,11 +227,40 @@ def test_presets_and_overrides():
     (["--algo", "kl_cov", "--kl-cov-coef", "-1"], "--kl-cov-coef must be >= 0"),
     (["--adaptive-entropy", "--entropy-target", "0"], "--entropy-target must be > 0"),
     (["--adaptive-entropy", "--entropy-coef-min", "2"], "--entropy-coef-min must be at most entropy_coef_max = 1.0"),
+    (["--algo", "vespo", "--vespo-k-pos", "-1"], "--vespo-k-pos must be >= 0 and finite, got -1.0"),
+    (["--algo", "vespo", "--vespo-lambda-neg", "0"],
+     "--vespo-lambda-neg must be >= 1e-4 and finite (TRL raises a smaller lambda to 1e-4), got 0.0"),
+    (["--algo", "dro", "--dro-beta", "0"], "--dro-beta must be > 0 and finite, got 0.0"),
+    (["--algo", "dppo_tv_kimi", "--kimi-kl-tau", "-1e-3"], "--kimi-kl-tau must be >= 0 and finite, got -0.001"),
+    (["--algo", "bandpo", "--band-divergence", "js"],
+     "--band-divergence must be one of ['chi2', 'kl', 'tv'], got 'js'"),
+    (["--algo", "bandpo", "--band-delta", "0"], "--band-delta must be > 0 and finite, got 0.0"),
+    (["--algo", "bandpo", "--band-upper-max", "1"], "--band-upper-max must be > 1 and finite, got 1.0"),
+    (["--band-delta", "0.1"], "--band-delta does not apply to ce_gppo (only bandpo reads it)"),
+    (["--max-rl", "--scale-adv-by-std"], "--scale-adv-by-std is read only with GRPO's advantages, not --max-rl's"),
 ])
 def test_bad_flags_are_rejected_at_start(argv, message, capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as stopped:
         parse_train_args(argv)
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_max_rl_takes_the_success_indicator_and_leaves_scale_adv_by_std_out():
+    """--max-rl: (c - p) / p per kept group on c = 1 for reward +1, 0 for -1 (the +-1 reward itself would flip sign with
+    the pass rate); without it GRPO's (r - mean) / (std + 1e-6); --no-max-rl --no-scale-adv-by-std is Dr. GRPO's."""
+    rewards = torch.tensor([[1.0, -1.0, -1.0, -1.0], [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, -1.0, 1.0]])
+    correct = rewards == 1
+    args = parse_train_args(["--n", "4", "--gen-prompts", "3"])
+    assert not args.max_rl and args.scale_adv_by_std  # the defaults: GRPO's
+    kept, adv = train.select_groups(rewards, correct, replace(args, max_rl=True))
+    assert kept == [0, 2] and adv.tolist() == torch.tensor([[3.0, -1, -1, -1], [1 / 3, 1 / 3, -1, 1 / 3]]).tolist()
+    _, grpo = train.select_groups(rewards, correct, args)
+    assert grpo[0].tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5], rel=1e-5)  # r - mean over its std, 1
+    _, dr_grpo = train.select_groups(rewards, correct, replace(args, scale_adv_by_std=False))
+    assert dr_grpo[0].tolist() == [1.5, -0.5, -0.5, -0.5]
+    with pytest.raises(ValueError, match="max_rl needs rewards >= 0"):
+        L.group_advantages(rewards.flatten(), 4, max_rl=True)
 
 
 # --- data loaders ------------------------------------------------------------------------------

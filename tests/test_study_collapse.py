@@ -211,7 +211,8 @@ def test_the_figure_draws_accuracy_entropy_and_response_length_against_step(tmp_
 def test_a_permutation_p_at_its_floor_is_said_as_a_bound_and_onset_is_ranked_among_collapsed_runs_too():
     """No shuffle of 20,000 as extreme gives p = 1 / 20,001: the page says "< 1e-4", not 5e-05. Beside the rank
     correlation over every run (the censored ones ranked last) stands the one over the collapsed runs alone, which the
-    censoring cannot drive: here later onsets at the larger beta1, so its rho is positive while the first is negative."""
+    censoring cannot drive: here later onsets at the larger beta1, so its rho is positive while the first is
+    negative."""
     assert SC.permutation_p(1 / 20001) == "< 1e-4" and SC.permutation_p(0.346) == "0.346"
     study = {"ce_gppo_0.25_1": {**{str(s): run(lambda s: 0.0 if s >= 30 else 1.0, final=0.02) for s in range(2)},
                                 **{str(s): run(lambda s: 0.4) for s in range(2, 5)}},

@@ -17,6 +17,7 @@ from test_bad_input import fake_checkpoint, run_evaluate_in_process, run_train_i
 
 from cegppo_utils import flags
 from cegppo_utils import runfolder as RF
+from cegppo_utils.runfolder import export as RF_export
 
 
 def refused(call, *text):
@@ -571,7 +572,7 @@ def test_two_exports_of_one_checkpoint_at_once_make_one_and_both_use_it(tmp_path
         threading.Event().wait(1.0)
         return out
 
-    monkeypatch.setattr(RF, "export_hf", slow_export)
+    monkeypatch.setattr(RF_export, "export_hf", slow_export)
     results, errors = [], []
 
     def evaluate_one():
@@ -645,7 +646,7 @@ def test_the_export_cache_is_reported_bounded_and_cleanable(tmp_path, tiny_check
     shutil.copytree(bundle / "a", bundle / "b", copy_function=os.link)  # a second checkpoint in no more space
     (bundle / "cache").mkdir()
     ro = read_only(str(bundle))
-    monkeypatch.setattr(RF, "EXPORT_CACHE_KEEP", 1)
+    monkeypatch.setattr(RF_export, "EXPORT_CACHE_KEEP", 1)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     said = []
     first = RF.exported(os.path.join(ro, "a", "step_000001"), log=said.append)

@@ -75,3 +75,22 @@ def _launch() -> str:
     if world == local:  # one node
         return f"torchrun --nproc-per-node={world} {shlex.quote(script)}"
     return f"torchrun <this run's launch flags> {shlex.quote(script)}"
+
+
+LIMIT = 200  # characters of one value in a message: a long path fits, a 100,000-character value does not
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+
+def escape(text) -> str:
+    """Control characters written as their escapes (a newline as \\n), so that the text stays on one line."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
+
+
+
+def short(value, limit: int = LIMIT) -> str:
+    """A value for a message: escaped, and cut to `limit` characters with its length said."""
+    text = escape(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+

@@ -115,6 +115,11 @@ def field_type(f) -> type:
     return f.type
 
 
+# Every number typed on a command line is read by loss.py's parse_int / parse_float, the one reading of a number
+# (a value beyond a float's range is said so, not read as inf), and checked by its field's loss.Rule.
+NUMBER = {int: L.parse_int, float: L.parse_float}
+
+
 def add_flags(parser, dataclass_fields, docs, defaults, aliases=None, note=lambda name: ""):
     """A flag per field, in its group; its shown default is the value under the preset (defaults: an Args, whose
     .loss holds the LossConfig fields); its parsed default None (= not given)."""
@@ -133,8 +138,8 @@ def add_flags(parser, dataclass_fields, docs, defaults, aliases=None, note=lambd
             groups[group_name].add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             metavar = "{" + ",".join(map(str, options)) + "}" if options else kind.__name__.upper()
-            groups[group_name].add_argument(flag, *(aliases or {}).get(f.name, []), dest=f.name, type=kind,
-                                            default=None, help=help_text, metavar=metavar)
+            groups[group_name].add_argument(flag, *(aliases or {}).get(f.name, []), dest=f.name,
+                                            type=NUMBER.get(kind, kind), default=None, help=help_text, metavar=metavar)
 
 
 def join_negative_values(argv):

@@ -246,16 +246,31 @@ def default_output_dir(preset: str, given: dict, args: Args) -> str:
     parts = [] if args.loss.algo == spec["algo"] else [args.loss.algo]
     for name in [f.name for f in RUN_FIELDS + LOSS_FIELDS]:
         if name in given and name not in RF.RESUMABLE | {"algo", "run_name"} and now[name] != before[name]:
-            value = now[name]
-            text = (name if value else f"no-{name}") if isinstance(value, bool) else f"{name}-{value:g}" \
-                if isinstance(value, float) else f"{name}-{value}"
-            parts.append(re.sub(r"[^\w.+-]+", "-", text.replace("_", "-")).strip("-"))
+            parts.append(folder_part(name, now[name]))
     named = "-".join([os.path.basename(spec.get("output_dir", Args.output_dir))] + parts)
     if len(named) > 80:
         import hashlib
         digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:8]
         named = "-".join([os.path.basename(spec.get("output_dir", Args.output_dir))] + parts[:1] + [digest])
     return os.path.join(os.path.dirname(spec.get("output_dir", Args.output_dir)), named)
+
+
+def folder_part(name: str, value) -> str:
+    """One setting in a default folder's name, one name per value: the flag's name (dashes), then its value as written
+    where that is exact (0.0003; a float :g would round, 0.00012345671 written in full) and uses only letters, digits
+    and . + - _; else its value's characters made safe and a short hash of the value itself (data/a_b.jsonl and
+    data/a-b.jsonl, which would both read data-a-b.jsonl, stay apart)."""
+    flag = name.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else f"no-{flag}"
+    written = str(value)
+    if isinstance(value, float):
+        written = f"{value:g}" if float(f"{value:g}") == value else repr(value)
+    safe = re.sub(r"[^\w.+-]+", "-", written).strip("-")
+    if safe == written:
+        return f"{flag}-{written}"
+    import hashlib
+    return f"{flag}-{safe[:40]}-{hashlib.sha256(written.encode()).hexdigest()[:6]}"
 
 
 def flat_flags(args: Args) -> dict:
@@ -273,6 +288,11 @@ def validate(a: Args) -> list[str]:
         path = getattr(a, name)
         if path.endswith(data.FILE_TYPES) and not os.path.lexists(path):  # a broken link: data.py says how
             problems.append(f"--{name.replace('_', '-')} {path}: no such file")
+        elif path.endswith(data.FILE_TYPES) and not os.path.isdir(path):  # a FIFO or a device: now, not after torch
+            try:
+                data.open_regular_file(path).close()
+            except data.UserError as e:
+                problems.append(f"--{name.replace('_', '-')} {e}")
     problems += model_problems(a.model)
     # every field's own Rule, Args' and the loss's alike; then the loss's rules that relate two of its fields
     problems += [f"--{name.replace('_', '-')}{message[len(name):]}"
@@ -444,15 +464,15 @@ def answer_before_torch(args: Args, prog: str, parser, new_run: bool):
     runfolder.check_output_folder). Tools that read train.py's flags for other ends do not ask the folder."""
     if args.resume:
         done = RF.finished_step(args.output_dir, args.max_steps)
-        if done is not None:  # before any model loads: nothing to do
-            print(f"{prog}: {args.output_dir} finished at step {done}; nothing to resume. Its policy is in "
-                  f"{os.path.join(args.output_dir, 'final')}; to train on, raise --max-steps: "
-                  f"{RF.resume_command(args.output_dir)} --max-steps N (N > {done})")
+        if done is not None:  # before any model loads: nothing to do; said once (rank 0), every rank ends
+            if os.environ.get("RANK", "0") == "0":
+                print(f"{prog}: {args.output_dir} finished at step {done}; nothing to resume. Its policy is in "
+                      f"{os.path.join(args.output_dir, 'final')}; to train on, raise --max-steps: "
+                      f"{RF.resume_command(args.output_dir)} --max-steps N (N > {done})")
             sys.exit(0)
     elif new_run and os.environ.get("RANK", "0") == "0":
         try:
-            RF.check_not_in_use(args.output_dir)
-            RF.check_output_folder(args.output_dir, resume=False)
+            check_new_folder(args.output_dir, resume=False)
         except data.UserError as e:
             parser.error(str(e))
 
@@ -506,16 +526,34 @@ def resume_settings(known, argv, parser) -> tuple[str, dict, str | None]:
         run_dir = resolve(known.preset or "tiny", given).output_dir
     try:
         if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 holds the lock (and looks at the folder)
-            RF.check_not_in_use(run_dir)
-            RF.check_output_folder(run_dir, resume=True)
-            RF.check_resumable(run_dir)  # a mistyped folder is not a run to start from step 0
+            check_new_folder(run_dir, resume=True)
+        # a damaged row, or a config.json whose record was edited, is refused now, not after torch loads
+        RF.read_jsonl(os.path.join(run_dir, "metrics.jsonl"), what="--resume: ")
+        config = RF.run_config_file(run_dir)
+        record = RF.read_run_record(config, "--resume: ") if config else None
     except data.UserError as e:
         parser.error(str(e))
-    config = RF.run_config_file(run_dir)
     if config is None:
         return run_dir, {}, None
     from_file, file_preset = read_config(config, parser, what=f"--resume {run_dir}: {config}")
+    problem = RF.config_against_checkpoint(run_dir, record["flags"])
+    if problem:
+        parser.error(problem)
     return run_dir, from_file, file_preset
+
+
+def check_new_folder(output_dir: str, resume: bool):
+    """What train.py's rank 0 asks of its output folder before torch loads, each a UserError in one line: a live run
+    holds it (runfolder.check_not_in_use), no run may write into it (check_output_folder), with resume it holds no
+    run (check_resumable), or its path cannot be written (a name too long, a file in the way, a folder that cannot be
+    made: runfolder.folder_problem, which makes nothing)."""
+    RF.check_not_in_use(output_dir)
+    RF.check_output_folder(output_dir, resume=resume)
+    if resume:
+        RF.check_resumable(output_dir)  # a mistyped folder is not a run to start from step 0
+    problem = RF.folder_problem(output_dir, "--output-dir")
+    if problem:
+        raise data.UserError(problem)
 
 
 def check_same_settings(run_dir, saved: dict, saved_preset, typed: dict, typed_preset, parser):

@@ -88,11 +88,11 @@ def test_a_fresh_run_writes_only_into_a_new_empty_or_own_folder(tmp_path):
     write(foreign / "notes.txt", "mine")
     refused(lambda: check(str(foreign), False), "holds files of its own (config.json, notes.txt) and no run")
     refused(lambda: check(str(foreign), True), "and no run")  # its config.json is not a run's: not resumed either
-    legacy = tmp_path / "legacy"  # a run from before the marker: resumable, not restarted
-    legacy.mkdir()
-    write(legacy / "metrics.jsonl", '{"step": 1}\n')
-    check(str(legacy), True)
-    refused(lambda: check(str(legacy), False), "holds a run (metrics.jsonl): pass --resume")
+    foreign_run = tmp_path / "foreign-run"  # a metrics.jsonl of unknown origin: no run of this project (holds_run)
+    foreign_run.mkdir()
+    write(foreign_run / "metrics.jsonl", '{"step": 1}\n')
+    for resume in (True, False):
+        refused(lambda: check(str(foreign_run), resume), "holds files of its own (metrics.jsonl) and no run")
 
 
 def test_train_refuses_a_model_folder_a_parent_and_the_root_and_writes_nothing(tmp_path, capsys, monkeypatch):
@@ -289,9 +289,9 @@ def test_evaluate_refuses_an_output_on_a_read_only_mount(tmp_path, read_only, mo
     (tmp_path / "results").mkdir()
     folder = read_only(str(tmp_path / "results"))
     monkeypatch.setattr(os, "access", lambda *args, **kwargs: True)
-    with pytest.raises(evaluate.UserError, match=f"^--output {folder}/r.json: cannot write in {folder}$"):
+    with pytest.raises(evaluate.UserError, match=f"^--output {folder}/r.json: its folder {folder} takes no file \\("):
         evaluate.check_output(os.path.join(folder, "r.json"))
-    with pytest.raises(evaluate.UserError, match=f"cannot create {folder}/eval \\({folder} cannot be written\\)$"):
+    with pytest.raises(evaluate.UserError, match=f"its folder {folder}/eval cannot be created in {folder} \\("):
         evaluate.check_output(os.path.join(folder, "eval", "r.json"), default=True)
     evaluate.check_output(str(tmp_path / "r.json"))  # a folder that can be written passes
 

@@ -54,9 +54,11 @@ from cegppo_utils.runfolder.checkpoints import (
     check_dcp_metadata,
     check_finished,
     checkpoint_dirs,
+    checkpoint_flags,
     final_step,
     is_checkpoint,
     load_checkpoint,
+    manifest_holds,
     read_trainer_state,
     save_checkpoint,
     save_final,
@@ -86,9 +88,26 @@ from cegppo_utils.runfolder.files import (
 from cegppo_utils.runfolder.lock import OutputLock, check_not_in_use, lock_output_dir
 from cegppo_utils.runfolder.metrics import append_jsonl, keep_rows_up_to, restore_row, write_jsonl
 from cegppo_utils.runfolder.model_folder import check_model_folder
-from cegppo_utils.runfolder.process import crash_point, one_line, resume_command, start_command
-from cegppo_utils.runfolder.reading import read_json_object, read_jsonl
+from cegppo_utils.runfolder.paths import (
+    folder_problem,
+    length_problem,
+    output_problem,
+    outputs_problem,
+    probe,
+    signals_held,
+)
+from cegppo_utils.runfolder.process import LIMIT, crash_point, escape, one_line, resume_command, short, start_command
+from cegppo_utils.runfolder.reading import (
+    MAX_BYTES,
+    jsonl_lines,
+    read_bytes,
+    read_json_object,
+    read_jsonl,
+    read_run_record,
+    row_problem,
+)
 from cegppo_utils.runfolder.start import (
+    NO_RUN,
     RESUMABLE,
     RUN_MARKER,
     RUN_RECORD_KEYS,
@@ -97,7 +116,9 @@ from cegppo_utils.runfolder.start import (
     check_loggers,
     check_output_folder,
     check_resumable,
+    config_against_checkpoint,
     finished_step,
+    holds_run,
     interrupted,
     kept_note,
     lost_row,
@@ -108,15 +129,18 @@ from cegppo_utils.runfolder.start import (
 )
 
 __all__ = [
-    'UserError', 'crash_point', 'one_line', 'resume_command', 'start_command', 'write_json_atomically',
-    'write_text_atomically', 'write_folder_atomically', 'writable', 'write_file_atomically', 'save_figure',
-    'append_line', 'read_jsonl', 'read_json_object', 'append_jsonl', 'write_jsonl', 'keep_rows_up_to',
+    'UserError', 'crash_point', 'one_line', 'resume_command', 'start_command', 'LIMIT', 'escape', 'short',
+    'write_json_atomically', 'write_text_atomically', 'write_folder_atomically', 'writable',
+    'write_file_atomically', 'save_figure', 'append_line', 'MAX_BYTES', 'read_bytes', 'row_problem', 'jsonl_lines',
+    'read_jsonl', 'read_json_object', 'read_run_record', 'append_jsonl', 'write_jsonl', 'keep_rows_up_to',
     'restore_row', 'OutputLock', 'lock_output_dir', 'check_not_in_use', 'RESUMABLE', 'RUN_MARKER', 'check',
-    'on_rank_0', 'check_resumable', 'check_output_folder', 'finished_step', 'run_config_file', 'begin',
-    'RUN_RECORD_KEYS', 'run_info', 'lost_row', 'interrupted', 'kept_note', 'check_loggers', 'open_loggers',
-    'check_model_folder', 'CHECKPOINT_NAME', 'FINAL_RECORD', 'final_step', 'checkpoint_dirs', 'step_of',
-    'save_checkpoint', 'load_checkpoint', 'is_checkpoint', 'read_trainer_state', 'check_dcp_metadata',
-    'check_checkpoint', 'MANIFEST', 'write_manifest', 'verify_checkpoint', 'check_finished', 'save_final',
-    'export_hf', 'EXPORT_CACHE_KEEP', 'EXPORT_RECORD', 'exported', 'export_cache', 'check_export_target', 'main',
-    'show_export_cache',
+    'on_rank_0', 'check_resumable', 'NO_RUN', 'holds_run', 'check_output_folder', 'finished_step',
+    'run_config_file', 'begin', 'config_against_checkpoint', 'RUN_RECORD_KEYS', 'run_info', 'lost_row',
+    'interrupted', 'kept_note', 'check_loggers', 'open_loggers', 'check_model_folder', 'CHECKPOINT_NAME',
+    'FINAL_RECORD', 'final_step', 'checkpoint_dirs', 'step_of', 'save_checkpoint', 'load_checkpoint',
+    'is_checkpoint', 'read_trainer_state', 'check_dcp_metadata', 'check_checkpoint', 'MANIFEST', 'write_manifest',
+    'checkpoint_flags', 'manifest_holds', 'verify_checkpoint', 'check_finished', 'save_final', 'export_hf',
+    'EXPORT_CACHE_KEEP', 'EXPORT_RECORD', 'exported', 'export_cache', 'check_export_target', 'main',
+    'show_export_cache', 'signals_held', 'probe', 'length_problem', 'folder_problem', 'output_problem',
+    'outputs_problem',
 ]

@@ -1,7 +1,6 @@
 """Checkpoints: written whole with their manifest (each shard's size and SHA-256), verified before anything loads from
 them, their DCP metadata read without running code; and final/, the policy with the step it holds."""
 
-import json
 import os
 import pickle
 import random
@@ -37,16 +36,12 @@ FINAL_RECORD = "ce-gppo-final.json"
 
 def final_step(output_dir: str) -> int | None:
     """The step whose policy output_dir/final holds (its FINAL_RECORD), or None: no final/, or one from before the
-    record was kept, a record that is not a step, or not a regular file (opening a FIFO would wait for a writer)."""
-    path = os.path.join(output_dir, "final", FINAL_RECORD)
-    if not os.path.isfile(path):
-        return None
+    record was kept, a record that is not a step, or not a regular file (read_bytes: a FIFO is never opened)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            step = json.load(f).get("step")
-    except (OSError, ValueError, AttributeError, RecursionError):
+        step = read_json_object(os.path.join(output_dir, "final", FINAL_RECORD)).get("step")
+    except UserError:
         return None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
 
 def checkpoint_dirs(output_dir):
@@ -82,7 +77,7 @@ def save_checkpoint(output_dir, step, keep, model, tokenizer, optimizer, trainer
             tokenizer.save_pretrained(folder)
             torch.save({**trainer_state, "step": step, "rng": rng, "world_size": D.world_size()},
                        os.path.join(folder, "trainer_state.pt"))
-            write_manifest(folder)
+            write_manifest(folder, trainer_state.get("flags"))
 
     path = write_folder_atomically(os.path.join(output_dir, "checkpoints", f"step_{step:06d}"), write)
     if D.is_main():
@@ -213,11 +208,40 @@ def check_checkpoint(folder, others=()) -> dict:
 MANIFEST = "shards.json"
 
 
-def write_manifest(folder):
-    """folder/MANIFEST (rank 0, after every rank's shards are written: dcp.save returns once they are)."""
+def write_manifest(folder, flags: dict | None = None):
+    """folder/MANIFEST (rank 0, after every rank's shards are written: dcp.save returns once they are), with the flags
+    of the run that wrote it where given: trainer_state.pt holds them too, but is read with torch, and a resume
+    compares them with config.json's before torch loads (checkpoint_flags)."""
     files = {name: {"bytes": os.path.getsize(os.path.join(folder, name)), "sha256": _sha256(os.path.join(folder, name))}
              for name in sorted(os.listdir(folder)) if name.endswith(".distcp") or name == ".metadata"}
-    write_json_atomically(os.path.join(folder, MANIFEST), {"files": files})
+    write_json_atomically(os.path.join(folder, MANIFEST), {"files": files, **({"flags": flags} if flags else {})})
+
+
+def checkpoint_flags(folder) -> dict | None:
+    """The flags a checkpoint was written with, as its MANIFEST records them (JSON: no torch needed); None where it
+    records none (a checkpoint from before it did, or a damaged one: verify_checkpoint says which)."""
+    try:
+        flags = read_json_object(os.path.join(folder, MANIFEST)).get("flags")
+    except UserError:
+        return None
+    return flags if isinstance(flags, dict) else None
+
+
+def manifest_holds(folder) -> bool:
+    """Whether a checkpoint folder's MANIFEST is one save_checkpoint wrote and its files are there at the sizes it
+    records (.metadata and at least one shard): what makes a checkpoint a run's in start.holds_run. Their hashes are
+    verified where anything loads from them (verify_checkpoint); sizes are what can be asked of a folder at once."""
+    try:
+        files = read_json_object(os.path.join(folder, MANIFEST)).get("files")
+    except UserError:
+        return False
+    if not isinstance(files, dict) or ".metadata" not in files or not any(n.endswith(".distcp") for n in files):
+        return False
+    for name, record in files.items():
+        path = os.path.join(folder, os.path.basename(str(name)))
+        if not isinstance(record, dict) or not os.path.isfile(path) or os.path.getsize(path) != record.get("bytes"):
+            return False
+    return True
 
 
 def _sha256(path) -> str:

@@ -11,6 +11,7 @@ from cegppo_utils.data import UserError, first_line
 from cegppo_utils.runfolder.checkpoints import _dcp_load, check_finished, is_checkpoint, verify_checkpoint
 from cegppo_utils.runfolder.files import _remove, writable, write_folder_atomically, write_json_atomically
 from cegppo_utils.runfolder.model_folder import _is_model_folder, check_model_folder
+from cegppo_utils.runfolder.process import one_line
 from cegppo_utils.runfolder.start import _has_marker
 
 torch = lazy.module("torch", globals())
@@ -208,7 +209,7 @@ def check_export_target(out_dir, overwrite: bool):
 def main(argv=None):
     import argparse
     parser = argparse.ArgumentParser(prog="python -m cegppo_utils.runfolder", description="The run folder's tools.")
-    parser.error = lambda message: parser.exit(2, f"runfolder.py: error: {message}\n")
+    parser.error = lambda message: parser.exit(2, f"runfolder.py: error: {one_line(message)}\n")
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="a checkpoint's policy as an HF model folder")
     export.error = parser.error

@@ -10,6 +10,7 @@ import time
 
 from cegppo_utils.data import UserError
 from cegppo_utils.runfolder.files import _identity, _missing_folders, _open_regular
+from cegppo_utils.runfolder.paths import folder_problem
 from cegppo_utils.runfolder.start import RUN_MARKER, _has_marker, check_output_folder
 
 
@@ -64,14 +65,18 @@ def lock_output_dir(output_dir: str, log=print, resume: bool = False) -> OutputL
     check_not_in_use(output_dir)
     check_output_folder(output_dir, resume)
     flag = f"--output-dir {output_dir}"
+    problem = folder_problem(output_dir, "--output-dir")  # a name too long, a file in the way: before anything is made
+    if problem:
+        raise UserError(problem)
     path = os.path.join(output_dir, ".lock")
     created = _missing_folders(output_dir)
     try:
         os.makedirs(output_dir, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"{flag}: cannot write there ({e.strerror})") from None
-    created += [] if os.path.lexists(path) else [path]
-    handle = os.fdopen(_open_regular(path, flag), "r+")  # not truncated: the holder's note is read first
+        created += [] if os.path.lexists(path) else [path]
+        handle = os.fdopen(_open_regular(path, flag), "r+")  # not truncated: the holder's note is read first
+    except (OSError, UserError) as e:
+        OutputLock(path, None, created).undo()  # the folders made for it go too
+        raise e if isinstance(e, UserError) else UserError(f"{flag}: cannot write there ({e.strerror})") from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:

@@ -6,7 +6,7 @@ import os
 
 from cegppo_utils import lazy
 from cegppo_utils.runfolder.files import _append, write_text_atomically
-from cegppo_utils.runfolder.reading import read_jsonl
+from cegppo_utils.runfolder.reading import jsonl_lines, read_jsonl
 
 D = lazy.module("cegppo_utils.distributed", globals(), "D")
 
@@ -25,18 +25,11 @@ def write_jsonl(path: str, rows: list[dict]):
 
 
 def keep_rows_up_to(metrics_path: str, step: int, log=print):
-    """On resume: rows after `step` (a crash came after them) and torn lines move to metrics.discarded.jsonl."""
-    if not os.path.exists(metrics_path):
-        return
-    keep, drop = [], []
-    with open(metrics_path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                (keep if json.loads(line)["step"] <= step else drop).append(line)
-            except (json.JSONDecodeError, KeyError, TypeError):
-                drop.append(line if line.endswith("\n") else line + "\n")  # a torn line
+    """On resume: rows after `step` (a crash came after them) and a torn last line move to metrics.discarded.jsonl.
+    Any other line that is not a row was refused before anything loaded (reading.jsonl_lines, read at start)."""
+    rows, torn = jsonl_lines(metrics_path)
+    keep = [text + "\n" for text, row in rows if row["step"] <= step]
+    drop = [text + "\n" for text, row in rows if row["step"] > step] + ([torn + "\n"] if torn is not None else [])
     if not drop:
         return
     _append(metrics_path.replace(".jsonl", ".discarded.jsonl"), "".join(drop))

@@ -12,18 +12,22 @@ import time
 from cegppo_utils import lazy
 from cegppo_utils.data import UserError, first_line
 from cegppo_utils.runfolder.checkpoints import (
+    FINAL_RECORD,
     check_checkpoint,
     checkpoint_dirs,
+    checkpoint_flags,
     final_step,
     is_checkpoint,
+    manifest_holds,
     read_trainer_state,
     step_of,
 )
 from cegppo_utils.runfolder.files import write_json_atomically
 from cegppo_utils.runfolder.metrics import keep_rows_up_to, restore_row
 from cegppo_utils.runfolder.model_folder import _is_model_folder
+from cegppo_utils.runfolder.paths import probe
 from cegppo_utils.runfolder.process import resume_command, start_command
-from cegppo_utils.runfolder.reading import read_json_object, read_jsonl
+from cegppo_utils.runfolder.reading import read_bytes, read_json_object, read_jsonl, read_run_record
 
 # Loaded at their first use: train.py's command line reads a run's config.json and answers a finished or busy run
 # (below) before torch loads (cegppo_utils/lazy.py)
@@ -55,27 +59,26 @@ def check(output_dir: str, resume: bool, flags: dict, log=print) -> str | None:
         _check_same_run(saved if isinstance(saved, dict) else {}, flags, f"checkpoint {found[-1]}")
         return found[-1]
     config = os.path.join(output_dir, "config.json")
-    if os.path.exists(config):
-        saved = read_json_object(config, "--resume: ").get("flags", {})
-        _check_same_run(saved if isinstance(saved, dict) else {}, flags, config)
+    if os.path.lexists(config):
+        _check_same_run(read_run_record(config, "--resume: ")["flags"], flags, config)
     log(f"--resume: no checkpoint in {output_dir}/checkpoints yet; starting from step 0"
         + (" (the earlier rows move to metrics.discarded.jsonl)" if os.path.exists(metrics) else ""))
     return None
 
 
 def _check_folder(output_dir, resume):
-    """The folder rules (check_output_folder, check_resumable), then a probe file created and removed in it."""
+    """The folder rules (check_output_folder, check_resumable), then a probe file created and removed in it (always
+    removed, a signal during the probe included: paths.probe)."""
     check_output_folder(output_dir, resume)
     if resume:
         check_resumable(output_dir)
     try:
-        os.makedirs(output_dir, exist_ok=True)
-        import tempfile
-        fd, probe = tempfile.mkstemp(dir=output_dir, prefix=".write-test-")  # O_EXCL: a fresh file, never a link
-        os.close(fd)
-        os.remove(probe)
+        os.makedirs(output_dir, exist_ok=True)  # made already by the lock (rank 0): this is every rank's own check
     except OSError as e:
         raise UserError(f"--output-dir {output_dir}: cannot write there ({e.strerror})") from None
+    why = probe(output_dir)
+    if why:
+        raise UserError(f"--output-dir {output_dir}: cannot write there ({why})")
 
 
 def on_rank_0(decide):
@@ -105,35 +108,41 @@ def on_rank_0(decide):
 
 
 def check_resumable(output_dir: str):
-    """--resume needs a run to continue: the folder's own config.json (a run's: with `flags`), or a run from before
-    config.json was kept (its metrics.jsonl or checkpoints/). A missing folder, or one that holds none of these (a
-    mistyped name, a folder of something else), is refused rather than trained into from step 0."""
+    """--resume needs a run to continue, by the one rule (holds_run). A missing folder, or one that holds no run (a
+    mistyped name, a folder of something else, a metrics.jsonl and checkpoints/ of unknown origin), is refused rather
+    than trained into."""
     if not os.path.isdir(output_dir):
         raise UserError(f"--resume {output_dir}: no such folder; name a run folder (one holding its config.json), or "
                         f"start a new run there with --output-dir {output_dir} (without --resume)")
-    if run_config_file(output_dir) or any(os.path.lexists(os.path.join(output_dir, n))
-                                         for n in ("metrics.jsonl", "checkpoints")):
-        return
-    raise UserError(f"--resume {output_dir} holds no run of this project (no config.json with its flags, no "
-                    f"metrics.jsonl or checkpoints/); name a run folder, or start a new run there with --output-dir "
-                    f"{output_dir} (without --resume)")
+    if not holds_run(output_dir):
+        raise UserError(f"--resume {output_dir} holds no run of this project ({NO_RUN}); name a run folder, or start "
+                        f"a new run there with --output-dir {output_dir} (without --resume)")
+
+
+# What holds_run looks for, said where a folder has none of it.
+NO_RUN = (f"no run marker {RUN_MARKER}, no final/{FINAL_RECORD}, no checkpoint whose manifest verifies; a "
+          "metrics.jsonl or checkpoints/ alone is not one")
+
+
+def holds_run(output_dir: str) -> bool:
+    """Whether output_dir holds a run of this project: the one rule for --resume, the finished-run answer, evaluate.py
+    --seed-of and the tools. Its marker (RUN_MARKER, a regular file: written by the run that created the folder), or
+    final/'s step record (FINAL_RECORD), or a checkpoint whose manifest verifies (checkpoints.manifest_holds). Nothing
+    else: a folder with a checkpoints/ and a metrics.jsonl of unknown origin is not a run, nor one with a config.json
+    alone (anyone can write one)."""
+    if _has_marker(output_dir) or final_step(output_dir) is not None:
+        return True
+    return any(manifest_holds(c) for c in reversed(checkpoint_dirs(output_dir)))
 
 
 def check_output_folder(output_dir: str, resume: bool):
     """What a run may write into (nothing is written here): a missing or empty folder, or its own run folder (its
-    RUN_MARKER and a run's config.json agree); with resume also a run folder written before markers existed, or one
-    whose config.json was moved aside. Never the root, a model folder (config.json and weights), a checkpoint folder,
-    or a folder inside a run (its final/, checkpoints/, ...); never a folder holding symbolic links, or something
-    other than a file where a run keeps one (.lock, the marker, config.json, ...)."""
+    RUN_MARKER and a run's config.json agree); with resume, a folder that holds a run (holds_run), its config.json a
+    run's or moved aside. Never the root, a model folder (config.json and weights), a checkpoint folder, or a folder
+    inside a run (its final/, checkpoints/, ...); never a folder holding symbolic links, or something other than a file
+    where a run keeps one (.lock, the marker, config.json, ...)."""
     flag = f"--output-dir {output_dir}"
-    real = os.path.realpath(output_dir)
-    if os.path.dirname(real) == real:
-        raise UserError(f"{flag} is the root of the file system; a run writes into a folder of its own")
-    parent = os.path.dirname(real)
-    while os.path.dirname(parent) != parent:  # a run's parts (final/, checkpoints/step_N, eval/) are not run folders
-        if _has_marker(parent):
-            raise UserError(f"{flag} is inside the run folder {parent}; choose a folder outside it")
-        parent = os.path.dirname(parent)
+    _check_place(output_dir, flag)
     if not os.path.isdir(output_dir):
         return  # missing (created later), or not a folder (creating it says why)
     try:
@@ -146,9 +155,8 @@ def check_output_folder(output_dir: str, resume: bool):
         raise UserError(f"{flag} is a checkpoint folder; a run writes into a folder of its own")
     if _is_model_folder(output_dir, names):
         raise UserError(f"{flag} is a model folder (config.json and weights); a run writes into a folder of its own")
-    found = checkpoint_dirs(output_dir)
-    traces = "metrics.jsonl" in names or "checkpoints" in names
-    if not resume and (traces or found):
+    ours, found = holds_run(output_dir), checkpoint_dirs(output_dir)
+    if not resume and ours and ("metrics.jsonl" in names or "checkpoints" in names or found):
         raise UserError(f"{output_dir} holds a run ({'checkpoints' if found else 'metrics.jsonl'}): pass --resume to "
                         f"continue it ({resume_command(output_dir)}), or choose another --output-dir")
     if not names:
@@ -158,15 +166,25 @@ def check_output_folder(output_dir: str, resume: bool):
     if state.startswith("damaged"):  # the launch record: never rewritten from a resume's
         raise UserError(f"{config} is {state} and holds the run's launch record; restore it, or move it aside to "
                         f"{'resume' if resume else 'start'} without it (the run then records itself anew)")
-    if state == "run" and (_has_marker(output_dir) or resume):
-        return  # this project's run (with resume also one from before the marker); check() reads it
-    if state == "missing" and resume and traces:
-        return  # a run whose config.json was moved aside: begin() writes a new one
+    if state == "run" and _has_marker(output_dir) or resume and ours and state in ("run", "missing"):
+        return  # this project's run (with resume, one whose config.json was moved aside: begin() writes a new one)
     shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
     why = ("its run marker is not backed by a run's config.json (one with `flags`)" if _has_marker(output_dir)
-           else "no run")
+           else f"no run ({NO_RUN})")
     raise UserError(f"{flag} holds files of its own ({shown}) and {why}; a run writes only into a new or empty "
                     "folder, or its own run folder")
+
+
+def _check_place(output_dir, flag):
+    """Neither the root nor a folder inside a run (its final/, checkpoints/step_N, eval/ are not run folders)."""
+    real = os.path.realpath(output_dir)
+    if os.path.dirname(real) == real:
+        raise UserError(f"{flag} is the root of the file system; a run writes into a folder of its own")
+    parent = os.path.dirname(real)
+    while os.path.dirname(parent) != parent:
+        if _has_marker(parent):
+            raise UserError(f"{flag} is inside the run folder {parent}; choose a folder outside it")
+        parent = os.path.dirname(parent)
 
 
 # What a run keeps at the top of its folder: a file or a folder, never a link (a run creates none; refused, so that
@@ -207,14 +225,15 @@ def _has_marker(folder) -> bool:
 
 def _run_config(path) -> str:
     """What config.json is: "run" (an object with `flags`), "foreign" (another object: a model's config, the
-    user's), or "damaged (why)" (torn, not JSON, not an object, unreadable)."""
+    user's), or "damaged (why)" (torn, not JSON, not an object, not a regular file: reading.read_bytes)."""
     try:
         if os.path.getsize(path) > 2**24:
             return "foreign"
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
+        value = json.loads((read_bytes(path) or b"").decode("utf-8"))
     except OSError as e:
         return f"damaged (not readable: {e.strerror})"
+    except UserError as e:
+        return f"damaged ({str(e).split(f'{path} is ', 1)[-1].split(';')[0]})"
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         return f"damaged (not valid JSON: {first_line(e, 80)})"
     if not isinstance(value, dict):
@@ -223,14 +242,16 @@ def _run_config(path) -> str:
 
 
 def finished_step(output_dir: str, max_steps: int) -> int | None:
-    """The step the run in output_dir finished at, where it has nothing left to do: its newest checkpoint at max_steps
-    or later, and final/ holding that step's policy (its FINAL_RECORD says so); else None. A final/ of an earlier
-    step (a later resume stopped after a checkpoint) or of no recorded step is not that answer: the resume loads the
-    newest checkpoint and writes its final/."""
-    found = checkpoint_dirs(output_dir)
-    if not found or step_of(found[-1]) < max_steps or final_step(output_dir) != step_of(found[-1]):
+    """The step the run in output_dir finished at, where it has nothing left to do: final/ holds the policy of step
+    max_steps or later (its FINAL_RECORD says so), and no checkpoint is newer than that step; else None. final/'s
+    record is read even where checkpoints/ is gone. A final/ of an earlier step than the newest checkpoint (a later
+    resume stopped after a checkpoint) or of no recorded step is not that answer: the resume loads the newest
+    checkpoint and writes its final/."""
+    final = final_step(output_dir)
+    if final is None or final < max_steps:
         return None
-    return step_of(found[-1])
+    found = checkpoint_dirs(output_dir)
+    return None if found and step_of(found[-1]) > final else final
 
 
 def run_config_file(output_dir: str) -> str | None:
@@ -268,11 +289,10 @@ def _with_resume(info: dict, path: str) -> dict:
     """info with the launch (command, started, host, versions, commit) read back from config.json, and this resume
     appended to its `resumes`; info as it is where config.json holds no earlier launch."""
     try:
-        with open(path, encoding="utf-8") as f:
-            before = json.load(f)
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        before = read_json_object(path)
+    except UserError:  # none (moved aside), or damaged: refused at start, unless it was moved aside since
         return info
-    if not isinstance(before, dict) or "command" not in before:
+    if "command" not in before:
         return info
     segment = {k: info.get(k) for k in ("command", "started", "host", "git_commit", "world_size")}
     resumes = before.get("resumes") if isinstance(before.get("resumes"), list) else []
@@ -282,11 +302,30 @@ def _with_resume(info: dict, path: str) -> dict:
 
 
 def _check_same_run(saved: dict, flags: dict, what: str):
+    """The flags `what` (a checkpoint) was written with against the run's now (from its config.json, and any typed
+    beside --resume: those were compared with config.json's before torch loaded, flags.check_same_settings)."""
     differ = sorted(k for k in saved.keys() & flags.keys() if k not in RESUMABLE and saved[k] != flags[k])
     if differ:
-        details = ", ".join(f"--{k.replace('_', '-')} {saved[k]!r} there, {flags[k]!r} now" for k in differ[:6])
-        raise UserError(f"--resume: {what} belongs to a run with other flags ({details}); resume with the same "
-                        "flags or choose another --output-dir")
+        details = ", ".join(f"--{k.replace('_', '-')} {saved[k]!r} there, {flags[k]!r} in config.json"
+                            for k in differ[:6])
+        raise UserError(f"--resume: {what} was written with other flags than the run's config.json holds ({details}); "
+                        "restore config.json (edited by hand?), or choose another --output-dir")
+
+
+def config_against_checkpoint(output_dir: str, saved: dict) -> str | None:
+    """Where the flags of output_dir's config.json (`saved`) differ from those its newest checkpoint was written with
+    (its MANIFEST's: checkpoint_flags), in those a resume may not change: one line saying so (config.json edited by
+    hand), read before torch loads; None where they agree or the checkpoint records none (check() compares it with
+    its trainer_state.pt then)."""
+    found = checkpoint_dirs(output_dir)
+    written = checkpoint_flags(found[-1]) if found else None
+    differ = sorted(k for k in (written or {}).keys() & saved.keys() if k not in RESUMABLE and written[k] != saved[k])
+    if not differ:
+        return None
+    details = ", ".join(f"--{k.replace('_', '-')} {saved[k]!r} in config.json, {written[k]!r} in "
+                        f"{os.path.basename(found[-1])}" for k in differ[:6])
+    return (f"--resume {output_dir}: its config.json holds other flags than its checkpoint {found[-1]} was written "
+            f"with ({details}); restore config.json (edited by hand?), or move that checkpoint aside")
 
 
 # What config.json holds beside `flags`: run_info's record, the warm start's hash (train.py) and the resumes (begin).
@@ -348,7 +387,7 @@ def interrupted(output_dir: str, program: str = "train.py", how: str = "interrup
     if found:
         return (f"{program}: {how}; the last checkpoint, {found[-1]}, is kept. Continue from step "
                 f"{step_of(found[-1])}: {resume_command(output_dir)}")
-    if not _holds_run(output_dir):
+    if not holds_run(output_dir):
         return f"{program}: {how} before the run began; nothing of it is kept. Start it again: {start_command()}"
     return f"{program}: {how} before the first checkpoint. Start again from step 0: {resume_command(output_dir)}"
 
@@ -359,18 +398,9 @@ def kept_note(output_dir: str) -> str:
     if found:
         return (f"the last checkpoint, {found[-1]}, is intact. Continue from step {step_of(found[-1])}: "
                 f"{resume_command(output_dir)}")
-    if not _holds_run(output_dir):
+    if not holds_run(output_dir):
         return f"the run had not begun (nothing of it is kept). Start it again: {start_command()}"
     return f"no checkpoint was written yet. Start again from step 0: {resume_command(output_dir)}"
-
-
-def _holds_run(output_dir) -> bool:
-    """Whether output_dir holds a run that --resume continues (check_resumable's rule)."""
-    try:
-        check_resumable(output_dir)
-        return True
-    except UserError:
-        return False
 
 
 def check_loggers(tensorboard: bool, wandb: bool):

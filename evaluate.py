@@ -336,9 +336,9 @@ def like_the_run(args, parser):
     run, step_text = os.path.expanduser(args.seed_of[0]), args.seed_of[1]
     if not os.path.isdir(run) or not RF.holds_run(run):
         parser.error(f"--seed-of {run}: not a run folder of this project ({RF.NO_RUN})")
-    config = RF.run_config_file(run)
-    if config is None:
-        parser.error(f"--seed-of {run}: the run has no config.json with its flags (moved aside?); give the settings")
+    config = os.path.join(run, "config.json")
+    if not os.path.lexists(config):
+        parser.error(f"--seed-of {run}: the run has no config.json (moved aside?); restore it to score as the run did")
     if not (step_text.isascii() and step_text.isdigit()):
         parser.error(f"--seed-of {run} {step_text}: the step must be a whole number >= 0")
     if args.seed is not None:

@@ -120,6 +120,18 @@ def field_type(f) -> type:
 NUMBER = {int: L.parse_int, float: L.parse_float}
 
 
+def bounded_int(text: str) -> int:
+    """A tool's whole-number flag (tools/cli.py): loss.parse_int, below 2**31 in size as every integer setting of a
+    run is (a count of 401 digits is a mistake, not hours of work); each tool checks its own lower bound."""
+    value = L.parse_int(text)
+    if abs(value) >= 2**31:
+        raise argparse.ArgumentTypeError(f"{L.shown(value)} must be below 2**31")
+    return value
+
+
+bounded_int.__name__ = "int"
+
+
 def add_flags(parser, dataclass_fields, docs, defaults, aliases=None, note=lambda name: ""):
     """A flag per field, in its group; its shown default is the value under the preset (defaults: an Args, whose
     .loss holds the LossConfig fields); its parsed default None (= not given)."""

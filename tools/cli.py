@@ -14,7 +14,7 @@ import stat
 import sys
 
 from cegppo_utils import flags
-from cegppo_utils.command_line import NUMBER
+from cegppo_utils.command_line import NUMBER, bounded_int
 from cegppo_utils.data import UserError, first_line
 from cegppo_utils.runfolder import one_line  # the one rule train.py's and evaluate.py's messages follow too
 from cegppo_utils.runfolder.paths import _kind, folder_problem, output_problem, outputs_problem  # noqa: F401
@@ -55,7 +55,7 @@ class Parser(argparse.ArgumentParser):
         if kwargs.get("action", "store") == "store" and kwargs.get("type", str) is str:
             kwargs["type"] = _nonempty
         if kwargs.get("type") in NUMBER:  # one reading of a number for every program (loss.parse_int, parse_float)
-            kwargs["type"] = NUMBER[kwargs["type"]]
+            kwargs["type"] = bounded_int if kwargs["type"] is int else NUMBER[kwargs["type"]]
         return super().add_argument(*args, **kwargs)
 
     def parse_args(self, args=None, namespace=None):

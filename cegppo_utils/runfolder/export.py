@@ -11,6 +11,7 @@ from cegppo_utils.data import UserError, first_line
 from cegppo_utils.runfolder.checkpoints import _dcp_load, check_finished, is_checkpoint, verify_checkpoint
 from cegppo_utils.runfolder.files import _remove, writable, write_folder_atomically, write_json_atomically
 from cegppo_utils.runfolder.model_folder import _is_model_folder, check_model_folder
+from cegppo_utils.runfolder.paths import length_problem
 from cegppo_utils.runfolder.process import one_line
 from cegppo_utils.runfolder.start import _has_marker
 
@@ -188,10 +189,14 @@ def check_export_target(out_dir, overwrite: bool):
     real = os.path.realpath(out_dir)
     if os.path.dirname(real) == real:
         raise UserError(f"{out_dir} is the root of the file system")
+    why = length_problem(out_dir)  # found before the checkpoint is verified and exported, not when it is written
+    if why:
+        raise UserError(f"{out_dir} {why}")
     if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
         raise UserError(f"{out_dir} exists and is not a folder; name a new folder")
     if not os.path.isdir(os.path.dirname(real)):
-        raise UserError(f"{out_dir}: its folder {os.path.dirname(real)} does not exist")
+        there = "is not a folder" if os.path.lexists(os.path.dirname(real)) else "does not exist"
+        raise UserError(f"{out_dir}: its folder {os.path.dirname(real)} {there}")
     if not os.path.isdir(out_dir) or not os.listdir(out_dir):
         return
     names = set(os.listdir(out_dir))

@@ -11,22 +11,32 @@
     OUTPUT_DIR/.ce-gppo-run             the marker: this folder was created by a run (RUN_MARKER)
 
 Rules:
+  - One rule says a folder holds a run (holds_run), for --resume, the finished-run answer, evaluate.py --seed-of and
+    the tools: its marker, final/'s step record, or a checkpoint whose manifest verifies. Nothing else: a
+    checkpoints/ and a metrics.jsonl of unknown origin are not a run, and are never resumed into.
   - A run folder is created, never adopted: a new run writes only into a missing or empty folder, or its own run
     folder (its marker and a run's config.json, one with `flags`, agree: a marker alone proves nothing); never into
-    the root, a model folder, a checkpoint folder, or a folder inside a run. It refuses a folder that holds a run
-    (metrics.jsonl or checkpoints): pass --resume, or another folder. A damaged config.json is refused, not rewritten
-    (it holds the run's launch record). A run refused before it wrote anything leaves no folder or file it created.
+    the root, a model folder, a checkpoint folder, or a folder inside a run. It refuses a folder that holds a run:
+    pass --resume, or another folder. A damaged config.json is refused, not rewritten (it holds the run's launch
+    record). The output path is checked whole before torch loads (paths.py: a name too long, a file in the way, a
+    folder that cannot be made); a run refused before it wrote anything leaves no folder or file it created, the
+    probe of its folder included (removed with SIGINT and SIGTERM held).
+  - A run's files are read by one rule (reading.py): only regular files are opened (a FIFO never blocks), a row is a
+    UTF-8 JSON object with an integer step, and anything else is one line naming the file and line.
   - Nothing is written through a link: files are created with O_NOFOLLOW, or written to a fresh temporary name
     (O_EXCL) in the same folder and renamed over the old one; a run folder holds no symbolic links (refused at
     start), and a folder written whole (an export) is checked where the kernel resolves it, not as typed.
-  - A checkpoint records its shards' sizes and SHA-256 (shards.json) when it is written; a resume, an export or an
-    evaluation verifies them (and that each shard holds every byte its .metadata places in it) before loading.
+  - A checkpoint records its shards' sizes and SHA-256, and its run's flags (shards.json) when it is written; a
+    resume, an export or an evaluation verifies them (and that each shard holds every byte its .metadata places in
+    it) before loading.
   - --resume continues from the newest checkpoint, with the run's own settings read from its config.json
     (flags.parse_args; a flag typed beside it may restate the run's value, and differ only where RESUMABLE allows),
-    after checking that the checkpoint was written by a run with the same flags; with no checkpoint it starts again
-    from step 0. A folder that holds no run (check_resumable), a finished run (finished_step: final/ holds the
-    newest checkpoint's step) and a folder a live run holds (check_not_in_use) are answered before anything loads,
-    and every stop names the command that goes on (resume_command, or the command as typed before the run began).
+    after checking that the checkpoint was written by a run with the same flags (its manifest's, before torch loads:
+    a config.json edited by hand is named); with no checkpoint it starts again from step 0. A folder that holds no
+    run (check_resumable), a damaged row or record, a finished run (finished_step: final/ holds step max_steps or
+    later, and no checkpoint is newer) and a folder a live run holds (check_not_in_use) are answered before anything
+    loads, and every stop names the command that goes on (resume_command, or the command as typed before the run
+    began).
   - Rows logged after the checkpoint being resumed (a crash came between), and a torn last line (a crash or a
     full disk in the middle of an append), move to metrics.discarded.jsonl: metrics.jsonl never holds a step twice.
   - Folders (checkpoints, final/) are written to a temporary folder and renamed into place: a crash leaves the old
@@ -37,6 +47,7 @@ The folder's rooms, one concern each (the names below are all importable from he
   process.py       this process: its messages in one line, the command that started it and the one that goes on
   files.py         files and folders written whole, never through a link (the run's, and the research tools')
   reading.py       a run's JSON and JSON-lines files, read by one rule
+  paths.py         one check of an output path, for train.py, evaluate.py and the tools; the probe of a folder
   metrics.py       metrics.jsonl and the other logs: appended, and cut back on resume
   start.py         which folder a run may write into, which holds a run, the answers before anything loads
   lock.py          one run per folder

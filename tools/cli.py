@@ -19,6 +19,7 @@ from cegppo_utils.data import UserError, first_line
 from cegppo_utils.runfolder import one_line  # the one rule train.py's and evaluate.py's messages follow too
 from cegppo_utils.runfolder.paths import _kind, folder_problem, output_problem, outputs_problem  # noqa: F401
 from cegppo_utils.runfolder.process import LIMIT, escape, short  # noqa: F401 (the tools' cli.short, cli.escape)
+from cegppo_utils.runfolder.reading import read_bytes
 
 
 def fail(prog: str, message) -> None:
@@ -122,9 +123,8 @@ def read_json(path: str, flag: str, want=dict, what: str = "a JSON object"):
     problem = input_problem(path, flag)
     if problem:
         raise UserError(problem)
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
+    try:  # the run's own reader: a file swapped for a FIFO since the check is refused, not opened
+        value = json.loads(read_bytes(path, f"{flag} ").decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise UserError(f"{flag} {short(path)}: not {what} ({type(e).__name__}: {first_line(e)})") from None
     if not isinstance(value, want):

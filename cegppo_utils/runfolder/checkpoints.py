@@ -18,7 +18,7 @@ from cegppo_utils.runfolder.files import (
     write_json_atomically,
 )
 from cegppo_utils.runfolder.process import crash_point
-from cegppo_utils.runfolder.reading import read_json_object
+from cegppo_utils.runfolder.reading import read_bytes, read_json_object
 
 torch = lazy.module("torch", globals())
 D = lazy.module("cegppo_utils.distributed", globals(), "D")
@@ -157,13 +157,14 @@ class _MetadataUnpickler(pickle.Unpickler):
 def check_dcp_metadata(folder):
     """Read folder/.metadata with the restricted unpickler: a planted object is refused before DCP unpickles it.
     Returns the metadata."""
+    import io
     path = os.path.join(folder, ".metadata")
-    try:
-        with open(path, "rb") as f:
-            return _MetadataUnpickler(f).load()
-    except FileNotFoundError:
+    raw = read_bytes(path)  # a regular file only: a FIFO there would block the read (reading.py)
+    if raw is None:
         raise UserError(f"{folder} has no .metadata (an incomplete checkpoint); move that folder aside to resume "
-                        "from the one before it") from None
+                        "from the one before it")
+    try:
+        return _MetadataUnpickler(io.BytesIO(raw)).load()
     except _Refused as e:
         raise UserError(f"{path} names {e}, which a checkpoint's metadata never holds; refusing to load it (it "
                         "could run code)") from None

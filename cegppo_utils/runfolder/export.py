@@ -2,7 +2,6 @@
 `python -m cegppo_utils.runfolder export CHECKPOINT OUT` / `cache [--clear]`."""
 
 import contextlib
-import json
 import os
 import time
 
@@ -13,6 +12,7 @@ from cegppo_utils.runfolder.files import _remove, writable, write_folder_atomica
 from cegppo_utils.runfolder.model_folder import _is_model_folder, check_model_folder
 from cegppo_utils.runfolder.paths import length_problem
 from cegppo_utils.runfolder.process import one_line
+from cegppo_utils.runfolder.reading import read_json_object
 from cegppo_utils.runfolder.start import _has_marker
 
 torch = lazy.module("torch", globals())
@@ -151,10 +151,9 @@ def _cached_exports(cache) -> list[dict]:
         if name.startswith(".") or name.endswith((".tmp", ".old")) or os.path.islink(path) or not os.path.isdir(path):
             continue
         try:
-            record = json.load(open(os.path.join(path, EXPORT_RECORD)))
-        except (OSError, ValueError):
+            record = read_json_object(os.path.join(path, EXPORT_RECORD))
+        except UserError:  # none, or not the cache's own: the export is listed without its checkpoint
             record = {}
-        record = record if isinstance(record, dict) else {}
         found.append({"path": path, "gb": _size(path) / 1e9, "used": os.path.getmtime(path),
                       "checkpoint": record.get("checkpoint", "checkpoint unknown")})
     return sorted(found, key=lambda e: -e["used"])

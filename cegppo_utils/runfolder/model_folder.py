@@ -54,8 +54,11 @@ def check_model_folder(path: str, flag: str = "--model"):
 def _check_safetensors(file, flag):
     """The header of a .safetensors file (8-byte length, JSON) and that the file holds every byte it declares: a
     truncated or foreign file is found here, not as a traceback from inside the loader."""
+    import stat
     import struct
     try:
+        if not stat.S_ISREG(os.stat(file).st_mode):  # a FIFO there would block the read
+            raise UserError(f"{flag} {file}: not a regular file")
         size = os.path.getsize(file)
         with open(file, "rb") as f:
             head = f.read(8)

@@ -109,7 +109,8 @@ def cases(tmp):
         ("unknown benchmark", e[:3] + ["--benchmarks", "aime26"], "unknown benchmark(s) ['aime26']"),
         ("benchmark file bad row", e[:3] + ["--benchmarks", bench_bad], "bench.jsonl: line 2 is not valid JSON"),
         ("benchmark file missing", e[:3] + ["--benchmarks", str(tmp / "gone.jsonl")], "gone.jsonl: no such file"),
-        ("output in a missing folder", e[:5] + ["--output", str(tmp / "nowhere" / "out.json")], "--output"),
+        ("output name too long", e[:5] + ["--output", str(tmp / "nowhere" / ("o" * 300 + ".json"))],
+         "has a name of 305 bytes"),
         ("output under a file", e[:5] + ["--output", os.path.join(a_file, "out.json")], "is a file, not a folder"),
     ]
 

@@ -216,18 +216,18 @@ def build_parser():
                         help=f"comma-separated names from {sorted(data.BENCHMARKS) + data.task_names()}, or data "
                              "file paths (.json/.jsonl/.parquet with problem/answer, or the KlearReasoner layout) "
                              "(default: aime24,aime25,hmmt25,math500,amc23; with --seed-of, the run's --eval-data)")
-    parser.add_argument("--k", type=int, default=None,
+    parser.add_argument("--k", type=L.parse_int, default=None,
                         help="samples per problem for every benchmark (default: the paper's for each, 8 for files)")
-    parser.add_argument("--temperature", type=float, default=TEMPERATURE,
+    parser.add_argument("--temperature", type=L.parse_float, default=TEMPERATURE,
                         help="sampling temperature; the default is the official validation config's")
-    parser.add_argument("--top-p", type=float, default=TOP_P,
+    parser.add_argument("--top-p", type=L.parse_float, default=TOP_P,
                         help="nucleus sampling; the default is the official validation config's")
-    parser.add_argument("--max-tokens", type=int, default=None,
+    parser.add_argument("--max-tokens", type=L.parse_int, default=None,
                         help="response budget for every benchmark (default: 32k AIME, 16k others; with --seed-of, "
                              "capped at the run's --max-response-len as its evaluations were)")
     parser.add_argument("--data-dir", default=None,
                         help="read the named benchmarks from local files in their public layouts instead of the hub")
-    parser.add_argument("--limit", type=int, default=None,
+    parser.add_argument("--limit", type=L.parse_int, default=None,
                         help="only the first N problems of each benchmark (quick checks)")
     parser.add_argument("--skip-long", action="store_true",
                         help="leave out (and record) problems whose prompt + max tokens exceed the model's context")
@@ -246,7 +246,7 @@ def build_parser():
                              "as train.py's sampler runs an fp32 run's; with --seed-of, the run's --precision). auto "
                              "is float32 for HF and vLLM's choice for vLLM: bf16 on a CPU and fp16 on a GPU for "
                              "float32 weights")
-    parser.add_argument("--seed", type=int, default=None,
+    parser.add_argument("--seed", type=L.parse_int, default=None,
                         help="sampling seed (default: 0); train.py evaluates step N of a run with seed "
                              "seed x 1000003 + N - 1 + 500000, its metrics.jsonl's eval_seed")
     parser.add_argument("--seed-of", nargs=2, metavar=("RUN", "STEP"), default=None,
@@ -273,7 +273,8 @@ def parse_args(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     refuse_unknown(parser, argv, {o for action in parser._actions for o in action.option_strings})
     args = parser.parse_args(argv)
-    refuse_empty(parser, [name for name in ("model", "benchmarks", "output", "data_dir") if getattr(args, name) == ""])
+    refuse_empty(parser, [name for name in ("model", "benchmarks", "output", "data_dir") if getattr(args, name) == ""]
+                 + (["seed_of"] if args.seed_of and "" in args.seed_of else []))  # '' is not the current folder
     args.run = None
     if args.seed_of:
         like_the_run(args, parser)
@@ -283,9 +284,7 @@ def parse_args(argv=None):
     args.sampler, args.dtype = args.sampler or "auto", args.dtype or "weights"
     args.output_is_default = args.output is None
     if args.output is None:  # beside the runs, named after what was evaluated (never the repository's root)
-        names = {"model": args.model, "benchmarks": args.benchmarks or ",".join(DEFAULT_BENCHMARKS)}
-        args.output = DEFAULT_OUTPUT.format(**{k: re.sub(r"[^\w.-]+", "-", v.strip("/.~")) for k, v in names.items()},
-                                            seed=f"-seed-{args.seed}" if args.seed else "")
+        args.output = default_output(args.model, args.benchmarks or ",".join(DEFAULT_BENCHMARKS), args.seed)
     args.model, args.output = os.path.expanduser(args.model), os.path.expanduser(args.output)
     args.data_dir = args.data_dir and os.path.expanduser(args.data_dir)
     named = args.benchmarks or ",".join(DEFAULT_BENCHMARKS)
@@ -305,6 +304,20 @@ def parse_args(argv=None):
     return args
 
 
+def default_output(model: str, benchmarks: str, seed: int) -> str:
+    """DEFAULT_OUTPUT for this model, these benchmarks and seed: / and , written -; a name longer than a file system
+    takes (255 bytes: long benchmark paths) keeps its start and ends in a hash of the whole, so it is still one name
+    per evaluation."""
+    names = {k: re.sub(r"[^\w.-]+", "-", v.strip("/.~")) for k, v in (("model", model), ("benchmarks", benchmarks))}
+    path = DEFAULT_OUTPUT.format(**names, seed=f"-seed-{seed}" if seed else "")
+    name = os.path.basename(path)
+    if len(name.encode()) <= 200:
+        return path
+    import hashlib
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    return os.path.join(os.path.dirname(path), name.encode()[:180].decode("utf-8", "ignore") + f"-{digest}.json")
+
+
 def free_name(path: str) -> str:
     """path with -2, -3, ... before its suffix: the first name no file has yet."""
     stem, suffix = os.path.splitext(path)
@@ -321,20 +334,26 @@ def like_the_run(args, parser):
     of that step (run_step_model)."""
     from cegppo_utils import runfolder as RF
     run, step_text = os.path.expanduser(args.seed_of[0]), args.seed_of[1]
-    config = RF.run_config_file(run)
-    if config is None:
-        parser.error(f"--seed-of {run}: not a run folder (no config.json with its flags)")
+    if not os.path.isdir(run) or not RF.holds_run(run):
+        parser.error(f"--seed-of {run}: not a run folder of this project ({RF.NO_RUN})")
+    config = os.path.join(run, "config.json")
+    if not os.path.lexists(config):
+        parser.error(f"--seed-of {run}: the run has no config.json (moved aside?); restore it to score as the run did")
     if not (step_text.isascii() and step_text.isdigit()):
         parser.error(f"--seed-of {run} {step_text}: the step must be a whole number >= 0")
     if args.seed is not None:
         parser.error("--seed and --seed-of both give the seed; give one")
-    record = RF.read_json_object(config)
+    try:  # its record and its rows by the run's own rules: an edited record or a FIFO is one line, never a hang
+        record = RF.read_run_record(config, f"--seed-of {run}: ")
+        rows = RF.read_jsonl(os.path.join(run, "metrics.jsonl"), what=f"--seed-of {run}: ")
+    except UserError as e:
+        parser.error(str(e))
     ranks = max(run_world_sizes(record))
     if ranks > 1:  # each rank scored its share with distributed.rank_seed(eval_seed): no one seed samples them all
         parser.error(f"--seed-of {run}: the run trained under torchrun with world size {ranks}, each rank scoring its "
                      "share of the held-out set with a seed of its own; one evaluate.py call cannot re-derive that")
     step, flags = int(step_text), record.get("flags") or {}
-    logged = [r.get("eval_seed") for r in RF.read_jsonl(os.path.join(run, "metrics.jsonl")) if r.get("step") == step]
+    logged = [r.get("eval_seed") for r in rows if r["step"] == step]
     args.seed = logged[-1] if logged and isinstance(logged[-1], int) else heldout.eval_seed(flags.get("seed", 0), step)
     args.sampler = args.sampler or flags.get("sampler")
     args.dtype = args.dtype or {"fp32": "float32", "bf16": "bfloat16"}.get(flags.get("precision"))
@@ -404,24 +423,14 @@ def main(argv=None):
 
 
 def check_output(output, default=False):
-    """--output names a file that can be written, found now, not after every benchmark has been sampled. The default
-    one's folder (runs/eval) is made with the first results (write_json), so a run refused before then leaves no
-    folder: here its nearest existing parent must be a folder that can be written."""
-    from cegppo_utils.runfolder import writable  # tries it: os.access may say yes where a write fails (its docstring)
-    out_dir = os.path.dirname(os.path.abspath(output))
-    if default and not os.path.lexists(out_dir):
-        parent = out_dir
-        while not os.path.lexists(parent):
-            parent = os.path.dirname(parent)
-        if not os.path.isdir(parent) or not writable(parent):
-            raise UserError(f"--output {output}: cannot create {out_dir} ({parent} cannot be written)")
-        return
-    if os.path.isdir(output):
-        raise UserError(f"--output {output} is a folder; name a file, e.g. {os.path.join(output, 'results.json')}")
-    if os.path.lexists(output) and not os.path.isfile(output):
-        raise UserError(f"--output {output} exists and is not a regular file")
-    if not os.path.isdir(out_dir) or not writable(out_dir):
-        raise UserError(f"--output {output}: cannot write in {out_dir}")
+    """--output names a file that can be written, found now, not after every benchmark has been sampled: the one
+    check of an output path (runfolder.output_problem: a name ending in /, a name too long, a file in the way, a
+    folder that cannot be made, a link). Its folder is made with the first results (write_json), so a run refused
+    before then leaves no folder. default: the name was made here (default_output), not typed."""
+    from cegppo_utils import runfolder as RF
+    problem = RF.output_problem(output, "--output")
+    if problem:
+        raise UserError(problem + (" (the default name; give --output FILE)" if default else ""))
 
 
 def load_model(name):

@@ -1362,22 +1362,70 @@ class Rule(NamedTuple):
         return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
 
     def problem(self, name: str, value) -> str | None:
-        """"{name} must be ..., got {value}" where value breaks the rule, else None."""
+        """"{name} must be ..., got {value}" where value breaks the rule, else None; a number of any size is compared
+        exactly (a 401-digit integer is refused, not an OverflowError), and one beyond a float's range is said so."""
         if self.choices is not None:
-            return None if value in self.options() else f"{name} must be {self.text()}, got {value!r}" + \
+            return None if value in self.options() else f"{name} must be {self.text()}, got {shown(value)}" + \
                 did_you_mean(value, self.options())
-        number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        number = whole or (isinstance(value, float) and math.isfinite(value))
         if number and value in self.also:
             return None
-        if (not number or (self.integer and not isinstance(value, int))
+        if (not number or (self.integer and not whole)
                 or (self.low is not None and (value < self.low or (self.low_open and value == self.low)))
                 or (self.high is not None and (value > self.high or (self.high_open and value == self.high)))):
-            return f"{name} must be {self.text()}, got {value!r}"
+            return f"{name} must be {self.text()}, got {shown(value)}"
         if self.cap is not None and value > self.cap:
-            return f"{name} must be at most {self.cap:g} ({self.cap_says}), got {value!r}"
+            return f"{name} must be at most {self.cap:g} ({self.cap_says}), got {shown(value)}"
         if self.integer and self.high is None and value >= 2**31:
-            return f"{name} must be below 2**31, got {value!r}"
+            return f"{name} must be below 2**31, got {shown(value)}"
+        return None if self.integer else number_problem(name, value)
+
+
+def number_problem(name: str, value, integer: bool = False) -> str | None:
+    """The one check of a number given to a setting, whatever its size (a flag, a config value): for an integer
+    setting an int (not a bool); for any other an int or a float, finite, that a float holds (an int of 401 digits is
+    beyond it). "{name} ..." where it fails, else None."""
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if integer:
+        return None if whole else f"{name} must be an integer, got {shown(value)}"
+    if whole:
+        try:
+            float(value)
+        except OverflowError:
+            return f"{name} {shown(value)} is beyond a float's range"
         return None
+    if not isinstance(value, float) or not math.isfinite(value):
+        return f"{name} must be a finite number, got {shown(value)}"
+    return None
+
+
+def shown(value) -> str:
+    """A value for a message, an int of any size included (its digits past 60 counted, not printed: past 4,300
+    Python will not even write them)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        digits = len(str(abs(value))) if value.bit_length() < 14000 else int(value.bit_length() * 0.30103) + 1
+        return f"{str(value)[:20] if value.bit_length() < 14000 else ''}... (an integer of {digits} digits)"
+    return repr(value)
+
+
+def parse_int(text: str) -> int:
+    """A whole number typed on a command line (argparse's type for every integer flag): int(text), whatever its size
+    (Python refuses more than 4,300 digits; said as argparse says a bad int)."""
+    return int(text)
+
+
+def parse_float(text: str) -> float:
+    """A number typed on a command line (argparse's type for every float flag): float(text), where a value beyond a
+    float's range (1e400, 401 digits) is said so rather than read as inf."""
+    value = float(text)
+    if math.isinf(value) and "inf" not in text.lower():
+        import argparse
+        raise argparse.ArgumentTypeError(f"{text} is beyond a float's range")
+    return value
+
+
+parse_int.__name__, parse_float.__name__ = "int", "float"  # argparse names the type in "invalid int value: 'x'"
 
 
 def option(default, rule: Rule):

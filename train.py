@@ -19,7 +19,7 @@ One step, as in the official scripts (each a call in main):
 A preset gives the run's settings and names the algorithm its official script runs; the algorithm brings its
 own defaults (loss.ALGORITHMS: clip range, aggregation, ...); flags on the command line override both
 (cegppo_utils/flags.py). `python train.py --preset P --help` lists every flag with the value it takes under P.
-Outputs in --output-dir: see cegppo_utils/runfolder.py. Under torchrun each rank samples and trains on its share
+Outputs in --output-dir: see cegppo_utils/runfolder/. Under torchrun each rank samples and trains on its share
 of the groups (cegppo_utils/distributed.py); counts are all-reduced so the update is the one a single process
 would make.
 """

@@ -1,11 +1,11 @@
 """The run's settings: the Args dataclass (one flag per field, its help the comment beside it), the presets, and
-the command line: flags from dataclasses (`--eps-low` for `eps_low`), booleans as --x / --no-x, errors in one line
-with exit code 2 (no usage block). Nothing here is about the algorithm; loss.LossConfig's fields become flags too.
+train.py's command line, built from the dataclasses by command_line.py (`--eps-low` for `eps_low`, booleans as --x /
+--no-x, errors in one line with exit code 2, no usage block). Nothing here is about the algorithm; loss.LossConfig's
+fields become flags too.
 """
 
 import argparse
 import dataclasses
-import inspect
 import json
 import math
 import os
@@ -17,6 +17,18 @@ from dataclasses import dataclass, field, fields
 import loss as L
 from cegppo_utils import data
 from cegppo_utils import runfolder as RF
+from cegppo_utils.command_line import (  # noqa: F401 (HelpFormatter: flags.HelpFormatter for the tools)
+    HelpFormatter,
+    Parser,
+    add_flags,
+    closest_flag,
+    dash_flags,
+    field_docs,
+    field_type,
+    join_negative_values,
+    refuse_empty,
+    refuse_unknown,
+)
 
 # correction.py's modes and IcePop's band, named here so that the command line is read without importing torch
 # (correction.py imports it); tests/test_bad_input.py keeps them equal to correction.MODES and ICEPOP_BAND
@@ -236,16 +248,31 @@ def default_output_dir(preset: str, given: dict, args: Args) -> str:
     parts = [] if args.loss.algo == spec["algo"] else [args.loss.algo]
     for name in [f.name for f in RUN_FIELDS + LOSS_FIELDS]:
         if name in given and name not in RF.RESUMABLE | {"algo", "run_name"} and now[name] != before[name]:
-            value = now[name]
-            text = (name if value else f"no-{name}") if isinstance(value, bool) else f"{name}-{value:g}" \
-                if isinstance(value, float) else f"{name}-{value}"
-            parts.append(re.sub(r"[^\w.+-]+", "-", text.replace("_", "-")).strip("-"))
+            parts.append(folder_part(name, now[name]))
     named = "-".join([os.path.basename(spec.get("output_dir", Args.output_dir))] + parts)
     if len(named) > 80:
         import hashlib
         digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:8]
         named = "-".join([os.path.basename(spec.get("output_dir", Args.output_dir))] + parts[:1] + [digest])
     return os.path.join(os.path.dirname(spec.get("output_dir", Args.output_dir)), named)
+
+
+def folder_part(name: str, value) -> str:
+    """One setting in a default folder's name, one name per value: the flag's name (dashes), then its value as written
+    where that is exact (0.0003; a float :g would round, 0.00012345671 written in full) and uses only letters, digits
+    and . + - _; else its value's characters made safe and a short hash of the value itself (data/a_b.jsonl and
+    data/a-b.jsonl, which would both read data-a-b.jsonl, stay apart)."""
+    flag = name.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else f"no-{flag}"
+    written = str(value)
+    if isinstance(value, float):
+        written = f"{value:g}" if float(f"{value:g}") == value else repr(value)
+    safe = re.sub(r"[^\w.+-]+", "-", written).strip("-")
+    if safe == written:
+        return f"{flag}-{written}"
+    import hashlib
+    return f"{flag}-{safe[:40]}-{hashlib.sha256(written.encode()).hexdigest()[:6]}"
 
 
 def flat_flags(args: Args) -> dict:
@@ -263,6 +290,11 @@ def validate(a: Args) -> list[str]:
         path = getattr(a, name)
         if path.endswith(data.FILE_TYPES) and not os.path.lexists(path):  # a broken link: data.py says how
             problems.append(f"--{name.replace('_', '-')} {path}: no such file")
+        elif path.endswith(data.FILE_TYPES) and not os.path.isdir(path):  # a FIFO or a device: now, not after torch
+            try:
+                data.open_regular_file(path).close()
+            except data.UserError as e:
+                problems.append(f"--{name.replace('_', '-')} {e}")
     problems += model_problems(a.model)
     # every field's own Rule, Args' and the loss's alike; then the loss's rules that relate two of its fields
     problems += [f"--{name.replace('_', '-')}{message[len(name):]}"
@@ -420,13 +452,6 @@ def early_flags(argv, parser):
     return known
 
 
-def refuse_empty(parser, names):
-    """An empty value (an unset shell variable: `--config "$CFG"`) is a mistake, not "use the default": one line."""
-    if names:
-        parser.error(f"--{names[0].replace('_', '-')} is empty (an unset shell variable?); give it a value, or leave "
-                     "the flag out")
-
-
 def named_source(problem: str, typed: dict, from_file: dict, source: str | None) -> str:
     """A problem whose flags all come from a file (a --config file, or a resumed run's config.json), not from the
     command line, said as that file's: a hand-edited config.json is not something the user typed."""
@@ -443,15 +468,15 @@ def answer_before_torch(args: Args, prog: str, parser, new_run: bool):
     runfolder.check_output_folder). Tools that read train.py's flags for other ends do not ask the folder."""
     if args.resume:
         done = RF.finished_step(args.output_dir, args.max_steps)
-        if done is not None:  # before any model loads: nothing to do
-            print(f"{prog}: {args.output_dir} finished at step {done}; nothing to resume. Its policy is in "
-                  f"{os.path.join(args.output_dir, 'final')}; to train on, raise --max-steps: "
-                  f"{RF.resume_command(args.output_dir)} --max-steps N (N > {done})")
+        if done is not None:  # before any model loads: nothing to do; said once (rank 0), every rank ends
+            if os.environ.get("RANK", "0") == "0":
+                print(f"{prog}: {args.output_dir} finished at step {done}; nothing to resume. Its policy is in "
+                      f"{os.path.join(args.output_dir, 'final')}; to train on, raise --max-steps: "
+                      f"{RF.resume_command(args.output_dir)} --max-steps N (N > {done})")
             sys.exit(0)
     elif new_run and os.environ.get("RANK", "0") == "0":
         try:
-            RF.check_not_in_use(args.output_dir)
-            RF.check_output_folder(args.output_dir, resume=False)
+            check_new_folder(args.output_dir, resume=False)
         except data.UserError as e:
             parser.error(str(e))
 
@@ -463,19 +488,6 @@ def known_flags() -> set[str]:
         flag = "--" + f.name.replace("_", "-")
         names |= {flag, *ALIASES.get(f.name, [])} | ({"--no-" + flag[2:]} if field_type(f) is bool else set())
     return names
-
-
-def refuse_unknown(parser, argv, known):
-    """Unknown --flags (each with the value after it) refused in one line before argparse reads the command line:
-    argparse's time grows with the square of the unknown flags (10,000 took 9 s)."""
-    unknown = []
-    for i, token in enumerate(argv):
-        if token.startswith("--") and token != "--" and token.split("=", 1)[0] not in known:
-            value = "=" not in token and i + 1 < len(argv) and not argv[i + 1].startswith("-")
-            unknown += [token, argv[i + 1]] if value else [token]
-    if unknown:
-        parser.known = known  # the names Parser.error suggests from, where the parser has no flags yet
-        parser.error("unrecognized arguments: " + " ".join(unknown))
 
 
 def name_resumed_folder(argv, parser) -> list[str]:
@@ -518,16 +530,34 @@ def resume_settings(known, argv, parser) -> tuple[str, dict, str | None]:
         run_dir = resolve(known.preset or "tiny", given).output_dir
     try:
         if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 holds the lock (and looks at the folder)
-            RF.check_not_in_use(run_dir)
-            RF.check_output_folder(run_dir, resume=True)
-            RF.check_resumable(run_dir)  # a mistyped folder is not a run to start from step 0
+            check_new_folder(run_dir, resume=True)
+        # a damaged row, or a config.json whose record was edited, is refused now, not after torch loads
+        RF.read_jsonl(os.path.join(run_dir, "metrics.jsonl"), what="--resume: ")
+        config = RF.run_config_file(run_dir)
+        record = RF.read_run_record(config, "--resume: ") if config else None
     except data.UserError as e:
         parser.error(str(e))
-    config = RF.run_config_file(run_dir)
     if config is None:
         return run_dir, {}, None
     from_file, file_preset = read_config(config, parser, what=f"--resume {run_dir}: {config}")
+    problem = RF.config_against_checkpoint(run_dir, record["flags"])
+    if problem:
+        parser.error(problem)
     return run_dir, from_file, file_preset
+
+
+def check_new_folder(output_dir: str, resume: bool):
+    """What train.py's rank 0 asks of its output folder before torch loads, each a UserError in one line: a live run
+    holds it (runfolder.check_not_in_use), no run may write into it (check_output_folder), with resume it holds no
+    run (check_resumable), or its path cannot be written (a name too long, a file in the way, a folder that cannot be
+    made: runfolder.folder_problem, which makes nothing)."""
+    RF.check_not_in_use(output_dir)
+    RF.check_output_folder(output_dir, resume=resume)
+    if resume:
+        RF.check_resumable(output_dir)  # a mistyped folder is not a run to start from step 0
+    problem = RF.folder_problem(output_dir, "--output-dir")
+    if problem:
+        raise data.UserError(problem)
 
 
 def check_same_settings(run_dir, saved: dict, saved_preset, typed: dict, typed_preset, parser):
@@ -554,21 +584,6 @@ def check_same_settings(run_dir, saved: dict, saved_preset, typed: dict, typed_p
 
 EMPTY_OK = ("run_name", "eval_data")  # text flags where "" means something: the folder's name; no held-out set
 MAX_CONFIG_BYTES = 1 << 20  # a config file is a page of flags; a larger one is a mistake (or a trap), refused unread
-# Names other trainers (HF Trainer, TRL) give these settings: a config or command line using them gets this hint.
-SYNONYMS = {"learning_rate": "lr", "num_generations": "n", "group_size": "n", "max_grad_norm": "grad_clip",
-            "max_completion_length": "max_response_len", "max_prompt_length": "max_prompt_len",
-            "num_train_steps": "max_steps", "epsilon": "eps_low", "epsilon_high": "eps_high", "beta": "kl_coef",
-            "warmup": "warmup_steps", "model_name_or_path": "model", "dataset": "train_data"}
-
-
-def closest_flag(name: str, names) -> str | None:
-    """The flag a mistyped or foreign name most likely means (SYNONYMS first, then spelling), or None."""
-    name = name.lstrip("-").replace("-", "_")
-    if name in SYNONYMS and SYNONYMS[name] in names:
-        return SYNONYMS[name]
-    return L.closest(name, names)
-
-
 def read_config(path: str, parser, what: str | None = None) -> tuple[dict, str | None]:
     """(flag values, preset or None) from a --config file; a bad file or an unknown name is one error line. Read as a
     regular file of at most MAX_CONFIG_BYTES (a FIFO would block, a huge file exhaust memory); YAML without anchors or
@@ -739,115 +754,3 @@ def _load_yaml(text):
     return yaml.load(text, Loader=Loader)
 
 
-def dash_flags(argv):
-    """--max_steps (the HF / TRL spelling) -> --max-steps; values are left alone."""
-    out = []
-    for token in argv:
-        if token.startswith("--") and "_" in token.split("=", 1)[0]:
-            name, eq, value = token.partition("=")
-            token = name.replace("_", "-") + eq + value
-        out.append(token)
-    return out
-
-
-# --- from dataclasses to argparse -----------------------------------------------------------------
-
-def field_docs(cls) -> dict:
-    """{field: (its --help group, its one-line doc)}, read from a dataclass's source: the comment beside each field
-    (with the comment lines right below it, indented deeper than the field, that carry on a long one), and the
-    `# --- group` comment above it ("algorithm" for LossConfig, which has none)."""
-    docs, group, last = {}, "algorithm", None  # last: (the field whose comment may go on, its indent)
-    for source_line in inspect.getsource(cls).splitlines():
-        line = source_line.strip()
-        indent = len(source_line) - len(source_line.lstrip())
-        if last and line.startswith("#") and indent > last[1]:
-            name = last[0]
-            docs[name] = (docs[name][0], docs[name][1] + " " + line[1:].strip())
-            continue
-        last = None
-        if line.startswith("# ---"):
-            group = line[5:].split(":")[0].strip()
-        elif ":" in line and "#" in line and not line.startswith("#"):
-            docs[line.split(":")[0]] = (group, line.split("#", 1)[1].strip())
-            last = (line.split(":")[0], indent)
-    return docs
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The docstring as written, and every flag's default, said once: not where its help already says it, nor
-    where there is none (None)."""
-
-    def _get_help_string(self, action):
-        if "(default:" in (action.help or "") or action.default is None:
-            return action.help
-        return super()._get_help_string(action)
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        """One line, exit code 2 (runfolder.one_line: control characters escaped, huge values cut); unknown flags:
-        the first few, each with the closest known one (10,000 of them are not listed, nor matched, one by one)."""
-        if message.startswith("unrecognized arguments:"):
-            known = getattr(self, "known", None) or [o for action in self._actions for o in action.option_strings]
-            names = {o.lstrip("-").replace("-", "_"): o for o in known if o.startswith("--")}
-            unknown = message.split(":", 1)[1].split()
-            shown = unknown[:UNKNOWN_SHOWN]
-            message = "unrecognized arguments: " + " ".join(shown)
-            if len(unknown) > len(shown):
-                message += f" and {len(unknown) - len(shown)} more"
-            hints = [f"{flag} -> {names[close]}" for flag in shown if flag.startswith("--")
-                     for close in [closest_flag(flag.split("=")[0], names)] if close]
-            if hints:
-                message += f" (did you mean: {', '.join(hints)}?)"
-        self.exit(2, f"{self.prog}: error: {RF.one_line(message)}\n")
-
-
-UNKNOWN_SHOWN = 5  # unknown arguments named in the error line; the rest are counted
-
-
-def field_type(f) -> type:
-    """A dataclass field's type, also where its annotation is a string."""
-    if isinstance(f.type, str):
-        return {"int": int, "float": float, "str": str, "bool": bool}.get(f.type, f.type)
-    return f.type
-
-
-def add_flags(parser, dataclass_fields, docs, defaults, aliases=None, note=lambda name: ""):
-    """A flag per field, in its group; its shown default is the value under the preset (defaults: an Args, whose
-    .loss holds the LossConfig fields); its parsed default None (= not given)."""
-    groups = {}
-    for f in dataclass_fields:
-        group_name, doc = docs.get(f.name, ("other", ""))
-        if group_name not in groups:
-            groups[group_name] = parser.add_argument_group(group_name)
-        flag = "--" + f.name.replace("_", "-")
-        default = getattr(defaults, f.name) if hasattr(defaults, f.name) else getattr(defaults.loss, f.name)
-        rule = f.metadata.get("rule")
-        options = rule.options() if rule is not None else None
-        help_text = f"{doc}{note(f.name)} (default: {default!r})"
-        kind = field_type(f)
-        if kind is bool:
-            groups[group_name].add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        else:
-            metavar = "{" + ",".join(map(str, options)) + "}" if options else kind.__name__.upper()
-            groups[group_name].add_argument(flag, *(aliases or {}).get(f.name, []), dest=f.name, type=kind,
-                                            default=None, help=help_text, metavar=metavar)
-
-
-def join_negative_values(argv):
-    """argparse takes "-1e-4" for an option ("expected one argument"): write such values as --flag=-1e-4."""
-    out = []
-    for token in argv:
-        if out and out[-1].startswith("--") and "=" not in out[-1] and token.startswith("-") and _is_number(token):
-            out[-1] = f"{out[-1]}={token}"
-        else:
-            out.append(token)
-    return out
-
-
-def _is_number(text):
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False

@@ -1,6 +1,6 @@
 """Modules imported at their first use. torch takes 5-15 s to import on an idle core (more on a busy machine) and
 transformers as much again, and the command line must answer a mistyped flag or --help before that. The modules
-the flags are read from (loss.py's LossConfig and registry, tiny.py's task names, runfolder.py's run-folder checks)
+the flags are read from (loss.py's LossConfig and registry, tiny.py's task names, runfolder/'s run-folder checks)
 therefore name torch through module() instead of importing it: it is imported when one of their functions first
 uses it, and the scripts import it as usual once the command line is read.
 """

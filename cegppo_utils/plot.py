@@ -36,15 +36,11 @@ PANELS = [
 
 def run_algorithm(run_dir) -> str | None:
     """The algorithm a run folder's config.json records, or None (no readable config.json, or an unknown name)."""
-    path = os.path.join(run_dir, "config.json")
-    if not os.path.isfile(path):
-        return None  # none, or a FIFO, whose read would block
-    try:
-        with open(path, encoding="utf-8") as f:
-            algo = json.load(f)["flags"]["algo"]
-    except (OSError, ValueError, KeyError, TypeError):
+    try:  # the one reader of a run's files: a FIFO there is refused, never opened
+        algo = runfolder.read_json_object(os.path.join(run_dir, "config.json")).get("flags", {}).get("algo")
+    except (runfolder.UserError, AttributeError):
         return None
-    return algo if algo in L.ALGORITHMS else None
+    return algo if isinstance(algo, str) and algo in L.ALGORITHMS else None
 
 
 def algorithm_panels(algos) -> list[tuple[str, str]]:
@@ -327,6 +323,11 @@ def main():
             if not os.path.exists(metrics):
                 parser.error(f"{cli.short(d)}/metrics.jsonl not found: is {cli.short(d)} a train.py output folder?")
             problem = cli.input_problem(metrics, "run")
+            if not problem:
+                try:  # every row by the run's own rule (an object with its step), before anything is drawn
+                    runfolder.read_jsonl(metrics)
+                except runfolder.UserError as e:
+                    problem = str(e)
             if problem:
                 parser.error(problem)
     first = runs[next(iter(runs))][0]

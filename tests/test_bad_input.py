@@ -90,7 +90,8 @@ def cases(tmp):
         ("missing model path", t + ["--model", str(tmp / "no-model")],
          "--model " + str(tmp / "no-model") + ": no such model folder"),
         ("folder without config", t + ["--model", str(tmp / "data")], "the folder has no config.json"),
-        ("output under a file", ["train.py", "--output-dir", os.path.join(a_file, "run")], "cannot write there"),
+        ("output under a file", ["train.py", "--output-dir", os.path.join(a_file, "run")],
+         "cannot be created (" + a_file + " is a file)"),
         ("prompt too long", t + ["--max-prompt-len", "5"], "--max-prompt-len 5: the longest prompt"),
     ]
     return in_process, [
@@ -108,8 +109,9 @@ def cases(tmp):
         ("unknown benchmark", e[:3] + ["--benchmarks", "aime26"], "unknown benchmark(s) ['aime26']"),
         ("benchmark file bad row", e[:3] + ["--benchmarks", bench_bad], "bench.jsonl: line 2 is not valid JSON"),
         ("benchmark file missing", e[:3] + ["--benchmarks", str(tmp / "gone.jsonl")], "gone.jsonl: no such file"),
-        ("output in a missing folder", e[:5] + ["--output", str(tmp / "nowhere" / "out.json")], "--output"),
-        ("output under a file", e[:5] + ["--output", os.path.join(a_file, "out.json")], "cannot write in"),
+        ("output name too long", e[:5] + ["--output", str(tmp / "nowhere" / ("o" * 300 + ".json"))],
+         "has a name of 305 bytes"),
+        ("output under a file", e[:5] + ["--output", os.path.join(a_file, "out.json")], "is a file, not a folder"),
     ]
 
 
@@ -202,6 +204,7 @@ def planted_run(tmp, name, part, content):
     run = tmp / name
     ckpt = fake_checkpoint(run / "checkpoints" / "step_000001")
     write(run / "metrics.jsonl", '{"step": 1}\n')
+    write(run / ".ce-gppo-run", "{}")  # a run's folder (runfolder.holds_run): its checkpoint is what is damaged
     if content is None:
         os.remove(ckpt / part)
     else:
@@ -330,7 +333,7 @@ def adversarial_cases(tmp):
         ("eval data deep", t[:-2] + ["--eval-every", "1", "--eval-data", files["deep"],
                                      "--output-dir", str(tmp / "runs" / "ed")],
          "deep.jsonl: line 1 is nested too deeply"),
-        ("output dir is a file", t + ["--output-dir", files["NaN answer"]], "cannot write there"),
+        ("output dir is a file", t + ["--output-dir", files["NaN answer"]], "is a file, not a folder"),
     ]
     # --resume on a run folder whose newest checkpoint lacks a part, holds a torn one, or a planted pickle
     marker = tmp / "PLANTED-CODE-RAN"
@@ -388,6 +391,7 @@ def adversarial_cases(tmp):
     ]
     run = tmp / "state-list"
     fake_checkpoint(run / "checkpoints" / "step_000003", state=[1, 2, 3])
+    write(run / ".ce-gppo-run", "{}")
     cases.append(("trainer state not a dict", t + ["--resume", "--output-dir", str(run)],
                   "is not a trainer state written by train.py"))
     for name, text in (("run config.json broken", "{"), ("run config.json a string", '"flags"')):
@@ -627,6 +631,6 @@ def test_evaluate_help_says_each_default_once_and_results_go_to_runs_eval(tmp_pa
     evaluate.write_json(args.output, {"benchmarks": {}})  # the first results make runs/eval; not the repository root
     assert os.path.isfile(tmp_path / args.output) and not os.path.exists(tmp_path / "results.json")
     (tmp_path / "a-file").write_text("")  # a parent that cannot hold the folder is refused before anything runs
-    with pytest.raises(evaluate.UserError, match="cannot create .*a-file cannot be written"):
+    with pytest.raises(evaluate.UserError, match="cannot be created .*a-file is a file"):
         evaluate.check_output(os.path.join("a-file", "eval", "x.json"), default=True)
     assert evaluate.parse_args(["--model", "tiny", "--benchmarks", "arith"]).output == "runs/eval/tiny-arith.json"

@@ -48,11 +48,12 @@ def test_documented_command_parses(script, argv, tmp_path, monkeypatch):
                 os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
                 open(path, "w").close()
     if script == "train":
-        if "--resume" in argv:  # the run it names: a folder a run recorded itself in
+        if "--resume" in argv:  # the run it names: a folder a run recorded itself in (its marker, its config.json)
             folder = argv[argv.index("--resume") + 1]
             os.makedirs(folder)
             with open(os.path.join(folder, "config.json"), "w") as f:
                 json.dump({"preset": "tiny", "flags": {"max_steps": 100}}, f)
+            open(os.path.join(folder, ".ce-gppo-run"), "w").close()
         flags.parse_args(list(argv), train.__doc__)
     elif script == "evaluate":
         evaluate.parse_args(list(argv))

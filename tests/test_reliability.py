@@ -17,6 +17,7 @@ from test_bad_input import fake_checkpoint, run_evaluate_in_process, run_train_i
 
 from cegppo_utils import flags
 from cegppo_utils import runfolder as RF
+from cegppo_utils.runfolder import export as RF_export
 
 
 def refused(call, *text):
@@ -87,11 +88,11 @@ def test_a_fresh_run_writes_only_into_a_new_empty_or_own_folder(tmp_path):
     write(foreign / "notes.txt", "mine")
     refused(lambda: check(str(foreign), False), "holds files of its own (config.json, notes.txt) and no run")
     refused(lambda: check(str(foreign), True), "and no run")  # its config.json is not a run's: not resumed either
-    legacy = tmp_path / "legacy"  # a run from before the marker: resumable, not restarted
-    legacy.mkdir()
-    write(legacy / "metrics.jsonl", '{"step": 1}\n')
-    check(str(legacy), True)
-    refused(lambda: check(str(legacy), False), "holds a run (metrics.jsonl): pass --resume")
+    foreign_run = tmp_path / "foreign-run"  # a metrics.jsonl of unknown origin: no run of this project (holds_run)
+    foreign_run.mkdir()
+    write(foreign_run / "metrics.jsonl", '{"step": 1}\n')
+    for resume in (True, False):
+        refused(lambda: check(str(foreign_run), resume), "holds files of its own (metrics.jsonl) and no run")
 
 
 def test_train_refuses_a_model_folder_a_parent_and_the_root_and_writes_nothing(tmp_path, capsys, monkeypatch):
@@ -288,9 +289,9 @@ def test_evaluate_refuses_an_output_on_a_read_only_mount(tmp_path, read_only, mo
     (tmp_path / "results").mkdir()
     folder = read_only(str(tmp_path / "results"))
     monkeypatch.setattr(os, "access", lambda *args, **kwargs: True)
-    with pytest.raises(evaluate.UserError, match=f"^--output {folder}/r.json: cannot write in {folder}$"):
+    with pytest.raises(evaluate.UserError, match=f"^--output {folder}/r.json: its folder {folder} takes no file \\("):
         evaluate.check_output(os.path.join(folder, "r.json"))
-    with pytest.raises(evaluate.UserError, match=f"cannot create {folder}/eval \\({folder} cannot be written\\)$"):
+    with pytest.raises(evaluate.UserError, match=f"its folder {folder}/eval cannot be created in {folder} \\("):
         evaluate.check_output(os.path.join(folder, "eval", "r.json"), default=True)
     evaluate.check_output(str(tmp_path / "r.json"))  # a folder that can be written passes
 
@@ -571,7 +572,7 @@ def test_two_exports_of_one_checkpoint_at_once_make_one_and_both_use_it(tmp_path
         threading.Event().wait(1.0)
         return out
 
-    monkeypatch.setattr(RF, "export_hf", slow_export)
+    monkeypatch.setattr(RF_export, "export_hf", slow_export)
     results, errors = [], []
 
     def evaluate_one():
@@ -645,7 +646,7 @@ def test_the_export_cache_is_reported_bounded_and_cleanable(tmp_path, tiny_check
     shutil.copytree(bundle / "a", bundle / "b", copy_function=os.link)  # a second checkpoint in no more space
     (bundle / "cache").mkdir()
     ro = read_only(str(bundle))
-    monkeypatch.setattr(RF, "EXPORT_CACHE_KEEP", 1)
+    monkeypatch.setattr(RF_export, "EXPORT_CACHE_KEEP", 1)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     said = []
     first = RF.exported(os.path.join(ro, "a", "step_000001"), log=said.append)

@@ -582,6 +582,7 @@ def test_every_stop_message_ends_in_the_command_that_goes_on(tmp_path, monkeypat
                                              ".venv/bin/python train.py --max-steps 9")
     os.makedirs(run)
     (run / "config.json").write_text(json.dumps({"flags": {}}))
+    (run / runfolder.RUN_MARKER).write_text("{}")  # begun: its marker, its config.json
     assert runfolder.interrupted(str(run)) == f"train.py: interrupted before the first checkpoint. Start again from " \
                                               f"step 0: {command}"
     assert runfolder.kept_note(str(run)) == f"no checkpoint was written yet. Start again from step 0: {command}"

@@ -199,6 +199,7 @@ def test_every_hardware_segment_is_kept_an_interrupted_one_included(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / "config.json").write_text(json.dumps({"flags": {}}))  # a run folder, as train.py leaves it
+    (out / ".ce-gppo-run").write_text("{}")
     study.open_segment(str(out), 2, 0, None)  # a study killed while this segment ran: never closed
     assert [(s["from_step"], s["to_step"], s["interrupted"])
             for s in study.hardware_segments(str(out), [{"step": 16}])] == [(0, 16, True)]
@@ -223,6 +224,7 @@ def test_a_segment_is_never_appended_through_a_link_planted_in_the_run(tmp_path,
     out = tmp_path / "runs" / "tiny" / "grpo-s0"
     out.mkdir(parents=True)
     (out / "config.json").write_text(json.dumps({"flags": {"max_steps": 4}}))
+    (out / ".ce-gppo-run").write_text("{}")
     mine = tmp_path / "mine.txt"
     mine.write_text("a user's file\n")
     os.symlink(mine, out / "hardware.jsonl")
@@ -307,6 +309,7 @@ def test_bad_paths_and_a_deleted_log_are_one_line_and_exit_2_before_any_run(tmp_
     lost = tmp_path / "runs" / "tiny" / "grpo-s0"  # a run with a checkpoint whose metrics.jsonl was deleted
     (lost / "checkpoints" / "step_000002").mkdir(parents=True)
     (lost / "config.json").write_text(json.dumps({"flags": {"max_steps": 4}}))
+    (lost / ".ce-gppo-run").write_text("{}")
     base = ["study.py", "--preset", "tiny", "--configs", "grpo", "--seeds", "0", "--steps", "4"]
     runs, good_json = ["--root", str(tmp_path / "runs")], ["--json", str(tmp_path / "study.json")]
     cases = [

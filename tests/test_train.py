@@ -165,6 +165,7 @@ def test_the_frameworks_objectives_train_on_the_tiny_preset(tmp_path, tiny_model
 
 def test_refuses_to_overwrite_a_run(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    (tmp_path / ".ce-gppo-run").write_text("{}")  # a run's folder: its marker (a foreign folder is refused too)
     with pytest.raises(SystemExit, match="pass --resume"):
         train.main(parse_train_args(SMALL + ["--output-dir", str(tmp_path)]))
 

@@ -4,34 +4,22 @@ with --help); an empty value is refused for every flag that takes one (an unset 
 value shown in a message has its control characters escaped and is cut, so that a newline in a path or a
 100,000-character value leaves one readable line. A file a tool reads is checked before it is opened (a FIFO would
 block the read); a file or folder it writes is checked before the work that fills it, and written whole, never through
-a link (runfolder.write_text_atomically, save_figure, append_line).
+a link (runfolder/paths.py checks, runfolder.write_text_atomically, save_figure, append_line write).
 """
 
 import argparse
 import json
 import os
-import re
 import stat
 import sys
-import tempfile
 
 from cegppo_utils import flags
+from cegppo_utils.command_line import NUMBER, bounded_int
 from cegppo_utils.data import UserError, first_line
 from cegppo_utils.runfolder import one_line  # the one rule train.py's and evaluate.py's messages follow too
-
-LIMIT = 200  # characters of one value in a message: a long path fits, a 100,000-character value does not
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
-def escape(text) -> str:
-    """Control characters written as their escapes (a newline as \\n), so that the text stays on one line."""
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
-
-
-def short(value, limit: int = LIMIT) -> str:
-    """A value for a message: escaped, and cut to `limit` characters with its length said."""
-    text = escape(value)
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+from cegppo_utils.runfolder.paths import _kind, folder_problem, output_problem, outputs_problem  # noqa: F401
+from cegppo_utils.runfolder.process import LIMIT, escape, short  # noqa: F401 (the tools' cli.short, cli.escape)
+from cegppo_utils.runfolder.reading import read_bytes
 
 
 def fail(prog: str, message) -> None:
@@ -67,6 +55,8 @@ class Parser(argparse.ArgumentParser):
     def add_argument(self, *args, **kwargs):
         if kwargs.get("action", "store") == "store" and kwargs.get("type", str) is str:
             kwargs["type"] = _nonempty
+        if kwargs.get("type") in NUMBER:  # one reading of a number for every program (loss.parse_int, parse_float)
+            kwargs["type"] = bounded_int if kwargs["type"] is int else NUMBER[kwargs["type"]]
         return super().add_argument(*args, **kwargs)
 
     def parse_args(self, args=None, namespace=None):
@@ -104,18 +94,6 @@ def choices(parser, value: str, known, flag: str, what: str = "name") -> list[st
 
 # --- the files a tool reads and writes -----------------------------------------------------------------------------
 
-def _kind(mode) -> str:
-    return ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
-            "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
-            "an unknown kind of file")
-
-
-def _what(path: str) -> str:
-    """What stands at path, for a message: a file, a symbolic link, a FIFO, ..."""
-    mode = os.lstat(path).st_mode
-    return "a file" if stat.S_ISREG(mode) else "a symbolic link" if stat.S_ISLNK(mode) else _kind(mode)
-
-
 def input_problem(path: str, flag: str) -> str | None:
     """Why `path` cannot be read as a file (None if it can): missing, a folder, a FIFO or device (a read would block or
     never end), or unreadable. Checked before the file is opened."""
@@ -145,9 +123,8 @@ def read_json(path: str, flag: str, want=dict, what: str = "a JSON object"):
     problem = input_problem(path, flag)
     if problem:
         raise UserError(problem)
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
+    try:  # the run's own reader: a file swapped for a FIFO since the check is refused, not opened
+        value = json.loads(read_bytes(path, f"{flag} ").decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise UserError(f"{flag} {short(path)}: not {what} ({type(e).__name__}: {first_line(e)})") from None
     if not isinstance(value, want):
@@ -155,77 +132,3 @@ def read_json(path: str, flag: str, want=dict, what: str = "a JSON object"):
     return value
 
 
-def _probe(folder: str) -> str | None:
-    """Why no file can be created in the existing folder (None if one can): a fresh file made (O_EXCL) and removed."""
-    try:
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-test-")
-        os.close(fd)
-        os.remove(probe)
-    except OSError as e:
-        return e.strerror or type(e).__name__
-    return None
-
-
-def _folder_reason(folder: str, create: bool) -> str | None:
-    """Why no file can be written into `folder` (None if one can), said after its name."""
-    if os.path.lexists(folder) and not os.path.isdir(folder):
-        return f"is {_what(folder)}, not a folder"
-    base = os.path.abspath(folder)
-    while not os.path.lexists(base) and os.path.dirname(base) != base:
-        base = os.path.dirname(base)
-    if not os.path.isdir(base):
-        return f"cannot be created ({short(base)} is {_what(base)})"
-    if not os.path.isdir(folder):
-        if not create:  # whoever writes makes it, so that a tool refused later leaves no folder behind
-            writable = os.access(base, os.W_OK | os.X_OK)
-            return None if writable else f"cannot be created in {short(base)} (permission denied)"
-        try:
-            os.makedirs(folder, exist_ok=True)
-        except OSError as e:
-            return f"cannot be created ({e.strerror})"
-    why = _probe(folder)
-    return f"takes no file ({why})" if why else None
-
-
-def folder_problem(folder: str, flag: str, create: bool = False) -> str | None:
-    """Why files cannot be written into the folder `folder` (None if they can): a file where it or a folder above it
-    should be, a missing folder that cannot be made, or one that takes no file. create: make a missing one now."""
-    if not folder:
-        return f"{flag}: an empty path"
-    reason = _folder_reason(folder, create)
-    return reason and f"{flag} {short(folder)} {reason}"
-
-
-def output_problem(path: str, flag: str, create: bool = False) -> str | None:
-    """Why the file `path` cannot be written (None if it can), found before the work that fills it: a link at its name
-    (refused: not every tool replaces it), a folder or anything but a regular file there, or a folder for it that
-    is missing and cannot be made, or takes no file. create: make a missing folder now."""
-    shown = f"{flag} {short(path)}"
-    if not path:
-        return f"{flag}: an empty path"
-    try:
-        mode = os.lstat(path).st_mode
-    except OSError:
-        mode = None  # missing, or a file stands where a folder above it should be (said below)
-    if mode is not None and stat.S_ISLNK(mode):
-        return f"{shown} is a symbolic link; refusing to write through it (remove it)"
-    if mode is not None and stat.S_ISDIR(mode):
-        return f"{shown} is a folder; name a file in it"
-    if mode is not None and not stat.S_ISREG(mode):
-        return f"{shown} is {_kind(mode)}, not a regular file"
-    if path.endswith(os.sep) or os.path.basename(path) in (".", ".."):  # a folder's path, made or not yet
-        return f"{shown} names a folder; name a file"
-    folder = os.path.dirname(os.path.abspath(path))
-    reason = _folder_reason(folder, create)
-    return reason and f"{shown}: its folder {short(folder)} {reason}"
-
-
-def outputs_problem(folder: str, names, flag: str) -> str | None:
-    """Why the files `names` cannot be written into `folder` (None if they can): a folder standing at one's name. Each
-    is written whole by replacing its name (os.replace), which a folder there stops only once the work is done; a
-    link there is replaced, never written through."""
-    for name in names:
-        path = os.path.join(folder, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            return f"{flag} {short(folder)}: {name} in it is a folder; move it aside"
-    return None

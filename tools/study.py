@@ -59,11 +59,8 @@ def refusal(out: str, rows: list[dict] | None = None, resuming: bool = False) ->
     found = RF.checkpoint_dirs(out)
     reached = RF.step_of(found[-1]) if found else 0
     if os.path.exists(os.path.join(out, "final", "config.json")):  # a finished run: its metrics must reach max_steps
-        try:
-            with open(os.path.join(out, "config.json")) as f:
-                reached = max(reached, int(json.load(f)["flags"]["max_steps"]))
-        except (OSError, ValueError, TypeError, KeyError):
-            pass
+        steps = _config(out).get("flags", {}).get("max_steps")
+        reached = max(reached, steps) if isinstance(steps, int) and not isinstance(steps, bool) else reached
     logged = {r["step"] for r in rows}
     last = max(logged, default=None)
     if last is None:
@@ -109,7 +106,7 @@ def pending_segment(out: str) -> str:
 
 
 def _is_run(out: str) -> bool:
-    return os.path.isfile(os.path.join(out, "config.json"))
+    return runfolder.holds_run(out)  # the one rule train.py's --resume follows
 
 
 def _append_segment(out: str, segment: dict) -> None:
@@ -124,11 +121,9 @@ def _read_segment(path: str) -> dict | None:
     try:
         if not stat.S_ISREG(os.lstat(path).st_mode):
             return None
-        with open(path) as f:
-            segment = json.load(f)
-    except (OSError, ValueError, RecursionError):
+        return runfolder.read_json_object(path)  # the one reader: a file swapped for a FIFO is refused, not opened
+    except (OSError, UserError):
         return None
-    return segment if isinstance(segment, dict) else None
 
 
 def settle_segment(out: str, to_step) -> None:
@@ -171,7 +166,7 @@ def hardware_segments(out: str, rows: list[dict]) -> list[dict]:
     """Every segment of a run, in order: its hardware.jsonl, and a noted segment not yet completed (its study was
     killed), shown as interrupted at the log's last step."""
     from cegppo_utils import runfolder as RF
-    segments = RF.read_jsonl(os.path.join(out, "hardware.jsonl"))
+    segments = RF.read_jsonl(os.path.join(out, "hardware.jsonl"), step=False)
     pending = _read_segment(pending_segment(out))
     if pending is not None:
         segments.append({**pending, "to_step": rows[-1]["step"] if rows else None, "interrupted": True})
@@ -205,7 +200,7 @@ def run_one(preset, name, seed, steps, out, extra, cores=None):
     flags = ["--preset", preset, *CONFIGS[name], "--seed", str(seed), "--max-steps", str(steps),
              "--save-every", str(max(1, min(25, steps))), "--output-dir", out, *extra]
     first, logged = 0, None
-    if os.path.exists(os.path.join(out, "config.json")):
+    if _is_run(out):
         flags.append("--resume")  # from its last checkpoint, or from step 0 if it died before the first
         first, logged = prepare_resume(out, log=lambda line: print(f"[study] {name} seed {seed}: {line}", flush=True))
     open_segment(out, len(cores), first, logged)  # which machine runs which steps, kept even if this process is killed
@@ -255,12 +250,10 @@ def run_record(out: str) -> dict | None:
 
 
 def _config(out: str) -> dict:
-    """A run folder's config.json ({} where it has none or it is unreadable)."""
-    try:
-        with open(os.path.join(out, "config.json")) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
+    """A run folder's config.json ({} where it has none; a damaged one, or a FIFO there, is a UserError: the one
+    reader of a run's files, runfolder.read_run_record)."""
+    path = os.path.join(out, "config.json")
+    return runfolder.read_run_record(path) if os.path.lexists(path) else {}
 
 
 def check_warm_start(study: dict, model_path: str, json_path: str) -> str | None:

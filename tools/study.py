@@ -37,11 +37,11 @@ import subprocess
 import sys
 import time
 
-from cegppo_utils import runfolder
+from cegppo_utils import cli, runfolder
 from cegppo_utils.data import UserError
-from tools import cli, study_active, study_json
+from tools import study_active, study_json
 from tools.configs import CONFIGS, STUDY_DEFAULT
-from tools.stats import holm, logit_mean_ci, mean_ci, min_detectable, paired_power, t_test_p
+from tools.stats import ImpossibleInput, holm, logit_mean_ci, mean_ci, min_detectable, paired_power, t_test_p
 from tools.study_json import ROOT, SUPERSEDED, WARM_START, configurations, dedupe_steps, load_study, para, study_problem  # noqa: F401
 
 # The flags study.py sets for every run (from --seeds, --steps, --root and the save cadence): never passed through.
@@ -355,10 +355,13 @@ def table1(study: dict, baseline: str = "grpo", primary=STUDY_DEFAULT) -> str:
             v is not None for v in values) else ((), ())
         if not values:
             return "n/a"
-        mean, (lo, hi) = (mean_ci if paired else logit_mean_ci)(list(values))
         def num(x):  # one decimal, or two where one would round a nonzero end to 0.0 and hide its side
             return f"{x:.2f}" if x and round(x, 1) == 0 else f"{x:.1f}"
-        text = f"{num(scale * mean)} [{num(scale * lo)}, {num(scale * hi)}]" if len(values) > 1 else num(scale * mean)
+        if len(values) > 1:
+            mean, (lo, hi) = (mean_ci if paired else logit_mean_ci)(list(values))
+            text = f"{num(scale * mean)} [{num(scale * lo)}, {num(scale * hi)}]"
+        else:  # one seed: its value, no interval
+            text = num(scale * values[0])
         return text + (f" (seeds {seed_list(seeds)})" if list(seeds) != list(row_seeds) else "")
 
     lines = [f"| config | seeds | steps | start | final avg@k | best avg@k | final - {baseline} (paired) | "
@@ -1060,4 +1063,4 @@ def main():
 
 
 if __name__ == "__main__":
-    cli.guard("study.py", main)
+    cli.guard("study.py", main, refused=(ImpossibleInput,))

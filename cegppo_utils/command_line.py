@@ -1,4 +1,4 @@
-"""Flags from dataclasses, for train.py and evaluate.py (tools/cli.py builds on it): argparse with every error in one
+"""Flags from dataclasses, for train.py and evaluate.py (cegppo_utils/cli.py on it): argparse with every error in one
 line and exit code 2, a field's one-line doc as its help, booleans as --x / --no-x, foreign or mistyped names
 answered with the flag they most likely mean."""
 
@@ -121,7 +121,7 @@ NUMBER = {int: L.parse_int, float: L.parse_float}
 
 
 def bounded_int(text: str) -> int:
-    """A tool's whole-number flag (tools/cli.py): loss.parse_int, below 2**31 in size as every integer setting of a
+    """A tool's whole-number flag (cli.py): loss.parse_int, below 2**31 in size as every integer setting of a
     run is (a count of 401 digits is a mistake, not hours of work); each tool checks its own lower bound."""
     value = L.parse_int(text)
     if abs(value) >= 2**31:

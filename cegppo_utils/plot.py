@@ -300,7 +300,7 @@ def sample_line(sample: dict, width: int = 150) -> str:
 
 
 def main():
-    from tools import cli  # the tools' command line: every bad input one line and exit code 2, before any drawing
+    from cegppo_utils import cli  # the command line: every bad input one line and exit code 2, before any drawing
     parser = cli.Parser("plot.py", description=__doc__)
     parser.add_argument("runs", nargs="+", help="run folders, or NAME=DIR[,DIR...] for the seeds of one configuration")
     parser.add_argument("--out", default=None, help="output folder (default: plots/ beside the first run)")

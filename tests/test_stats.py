@@ -1,6 +1,9 @@
-"""tools/stats.py: Student's t distribution against its closed forms, far into the tail."""
+"""tools/stats.py: Student's t distribution against its closed forms, far into the tail; the exact tests and intervals
+against known values, for large n too; inputs no study gives refused."""
 
 import math
+import re
+from fractions import Fraction
 
 import pytest
 
@@ -49,3 +52,104 @@ def test_rate_difference_ci_is_newcombes_hybrid_score_interval():
     assert (round(d, 4), round(lo, 4), round(hi, 4)) == (0.6, 0.1705, 0.8090)
     d, lo, hi = stats.rate_difference_ci(5, 5, 0, 5)  # no collapse against every run: still an interval, inside [-1, 1]
     assert d == 1.0 and 0.3 < lo < 0.45 and hi == 1.0
+
+
+# --- the edges: inputs no study gives are refused in one line; large n stays exact ---------------------------------
+
+@pytest.mark.parametrize("holm_rule", [stats.holm, stats.holm_adjusted])
+@pytest.mark.parametrize("pvalues, bad", [([math.nan, 0.01], "p-value 0 is nan"), ([0.01, 1.5], "p-value 1 is 1.5"),
+                                          ([-0.1], "p-value 0 is -0.1")])
+def test_holm_and_its_adjusted_p_refuse_alike_a_p_that_is_not_a_probability(holm_rule, pvalues, bad):
+    """A NaN sorts nowhere and compares false with alpha, so the step-down would reject it; both functions refuse it
+    (and any p outside [0, 1]) with the same one line, so that the verdict and the adjusted p never disagree."""
+    with pytest.raises(ValueError, match=f"^{holm_rule.__name__}: {re.escape(bad)}, not in \\[0, 1\\]$"):
+        holm_rule(pvalues)
+    assert stats.holm([0.01, 1.0, 0.0]) == [True, False, True]  # the ends of [0, 1] are probabilities
+    assert stats.holm_adjusted([0.01, 1.0, 0.0]) == [0.02, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: stats.fisher_exact(6, 5, 0, 5), "fisher_exact (a, n1): 6 events in 5 runs; a run has at most one"),
+    (lambda: stats.fisher_exact(0, 5, 6, 5), "fisher_exact (b, n2): 6 events in 5 runs; a run has at most one"),
+    (lambda: stats.fisher_exact(-1, 5, 0, 5), "fisher_exact (a, n1): events -1 is not a whole number >= 0"),
+    (lambda: stats.fisher_exact(1.5, 5, 0, 5), "fisher_exact (a, n1): events 1.5 is not a whole number >= 0"),
+    (lambda: stats.exact_rate_ci(6, 5), "exact_rate_ci: 6 events in 5 runs; a run has at most one"),
+    (lambda: stats.exact_rate_ci(0, 0), "exact_rate_ci: 0 runs; a rate needs at least one"),
+    (lambda: stats.wilson_ci(3, 2), "wilson_ci: 3 events in 2 runs; a run has at most one"),
+    (lambda: stats.rate_difference_ci(1, 5, 6, 5), "wilson_ci: 6 events in 5 runs; a run has at most one"),
+    (lambda: stats.exact_trend([(0, 5, 0), (1, 5, 7)]), "exact_trend (arm of score 1): 7 events in 5 runs; a run"),
+    (lambda: stats.mean_ci([0.3]), "mean_ci: 1 value(s); an interval or a test needs at least 2"),
+    (lambda: stats.logit_mean_ci([0.3]), "logit_mean_ci: 1 value(s); an interval or a test needs at least 2"),
+    (lambda: stats.t_test_p([0.3]), "t_test_p: 1 value(s); an interval or a test needs at least 2"),
+    (lambda: stats.mean_ci([]), "mean_ci: 0 value(s)"),
+    (lambda: stats.mean_ci([0.1, math.nan]), "mean_ci: value 1 is nan, not a finite number"),
+    (lambda: stats.t_test_p([0.1, math.inf]), "t_test_p: value 1 is inf, not a finite number"),
+    (lambda: stats.logit_mean_ci([0.1, 1.2]), "logit_mean_ci: value 1 is 1.2, not a proportion in [0, 1]"),
+])
+def test_inputs_no_study_gives_are_refused_in_one_line_naming_the_argument(call, message):
+    """6 events in 5 runs gave Fisher's p 0, and one value a 95% interval of width 0: numbers with no meaning. Each
+    is a ValueError (stats.ImpossibleInput) whose one line names the function and the argument."""
+    with pytest.raises(stats.ImpossibleInput) as refused:
+        call()
+    assert isinstance(refused.value, ValueError) and str(refused.value).startswith(message)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_tools_end_on_an_impossible_input_with_one_line_and_exit_code_2(capsys):
+    """cli.guard, as the tools call it: stats' refusal is bad input like any other, not a traceback."""
+    from cegppo_utils import cli
+    with pytest.raises(SystemExit) as ended:
+        cli.guard("study.py", lambda: stats.mean_ci([0.3]), refused=(stats.ImpossibleInput,))
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == "study.py: error: mean_ci: 1 value(s); an interval or a test needs at least 2\n"
+    with pytest.raises(stats.ImpossibleInput):  # only where the tool says so: elsewhere it stays an exception
+        cli.guard("study.py", lambda: stats.mean_ci([0.3]))
+
+
+def test_exact_rate_ci_is_exact_for_large_n():
+    """n = 1100 overflowed a float (math.comb(1100, 550) is 1e329). 550 of 1100: the Clopper-Pearson ends are the
+    Beta(550, 551) quantile at 0.025 and the Beta(551, 550) quantile at 0.975, 0.47003156913614878 and
+    0.52996843086385121 (mpmath's regularized incomplete beta at 40 digits, bisected); symmetric about 1/2. 0 of 1100
+    has the closed form [0, 1 - 0.025^(1/1100)]. The tails summed in floating point hold about 1e-13 here."""
+    lo, hi = stats.exact_rate_ci(550, 1100)
+    assert lo == pytest.approx(0.47003156913614878, abs=1e-12) and hi == pytest.approx(0.52996843086385121, abs=1e-12)
+    assert stats.exact_rate_ci(0, 1100) == (0.0, pytest.approx(1 - 0.025 ** (1 / 1100), abs=1e-12))
+    assert stats.exact_rate_ci(1100, 1100) == (pytest.approx(0.025 ** (1 / 1100), abs=1e-12), 1.0)
+    lo, hi = stats.exact_rate_ci(3, 10)  # the small-n values stand as they were
+    assert (round(lo, 4), round(hi, 4)) == (0.0667, 0.6525)
+
+
+def test_the_binomial_terms_are_exact_past_a_floats_range():
+    """incidence_power's and exact_rate_ci's terms, from lgamma: 550 of 1100 at p = 1/2 is comb(1100, 550) / 2^1100
+    (a ratio of whole numbers Python divides exactly), and the terms sum to 1. incidence_power over 5 runs per arm
+    equals the sum of Fisher's rejection region with exact rational binomial weights."""
+    pmf = stats._binom_pmfs(1100, 0.5)
+    assert pmf[550] == pytest.approx(math.comb(1100, 550) / 2 ** 1100, rel=1e-11)
+    assert sum(pmf) == pytest.approx(1.0, abs=1e-12)
+    assert stats._binom_pmfs(3, 0.0) == [1.0, 0.0, 0.0, 0.0] and stats._binom_pmfs(3, 1.0) == [0.0, 0.0, 0.0, 1.0]
+
+    def weight(k, p):
+        return Fraction(math.comb(5, k)) * p ** k * (1 - p) ** (5 - k)
+    p1, p0 = Fraction(4, 5), Fraction(1, 10)
+    exact = sum(weight(a, p1) * weight(b, p0) for a in range(6) for b in range(6) if stats.fisher_exact(a, 5, b, 5)
+                <= 0.05)
+    assert stats.incidence_power(0.8, 0.1, 5) == pytest.approx(float(exact), rel=1e-12)
+
+
+def test_fisher_and_the_trend_test_are_exact_for_large_n():
+    """Two arms of equal size: the hypergeometric is symmetric, so Fisher's rule (every split no more likely than the
+    one seen) and the trend test's (every split as far from the mean) take the same splits: both against that tail
+    summed exactly in whole numbers (Fisher's at 550 and 500 of 1100 each). The trend test's weights (products of
+    binomial coefficients, past 1e308 for 500 of 1000 beside 40 of 60) were floats, which gave p = 0 there; now they
+    are whole numbers."""
+    def central_tail(a, b, n):
+        total, mean = a + b, Fraction(a + b, 2)
+        return float(Fraction(sum(math.comb(n, k) * math.comb(n, total - k) for k in range(total + 1)
+                                  if abs(k - mean) >= abs(a - mean)), math.comb(2 * n, total)))
+    assert stats.fisher_exact(550, 1100, 500, 1100) == pytest.approx(central_tail(550, 500, 1100), rel=1e-9)
+    assert stats.exact_trend([(0, 100, 50), (1, 100, 45)]) == pytest.approx(central_tail(50, 45, 100), rel=1e-9)
+    total = 540  # 500 of 1000 and 40 of 60: the events in the second arm, hypergeometric, two-sided about its mean
+    tail = {k: Fraction(math.comb(60, k) * math.comb(1000, total - k), math.comb(1060, total)) for k in range(61)}
+    mean = sum(k * w for k, w in tail.items())
+    expected = float(sum(w for k, w in tail.items() if abs(k - mean) >= abs(40 - mean)))
+    assert stats.exact_trend([(0, 1000, 500), (1, 60, 40)]) == pytest.approx(expected, rel=1e-9)

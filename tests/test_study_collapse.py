@@ -234,3 +234,15 @@ def test_the_third_studys_pages_carry_its_corrections():
                  "the two are not separated here", "Intervals on the logit scale, added after the runs",
                  "recovered: its final avg@8 is 64%", "p < 0.05 to p <= 0.05 at 52 of the 65 runs"):
         assert said in text, said
+
+
+def test_one_run_or_one_pair_shows_its_value_and_no_interval():
+    """An interval needs two values (stats refuses one): the final cell of a single run is its value, the entropy
+    contrast of a single pair its difference, said to be one pair."""
+    assert SC.final_cell([0.5]) == "50.0" and SC.final_cell([]) == "n/a"
+    assert SC.final_cell([0.5, 0.7]).startswith("60.0 [")
+    study = {"ppo_clip_tm": {"0": run(lambda s: 0.4, entropy=0.3)}, "ce_gppo_1_1": {"0": run(lambda s: 0.4)}}
+    assert SC.entropy_contrast(study, "ce_gppo_1_1", "ppo_clip_tm") == pytest.approx(
+        {"n": 1, "mean": -0.1, "lo": None, "hi": None})
+    table = "\n".join(SC.family_section(study, "a family", [("ce_gppo_1_1", "ppo_clip_tm")]))
+    assert "| -0.1000 (1 pair) |" in table

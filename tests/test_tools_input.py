@@ -11,9 +11,8 @@ import sys
 import pytest
 from conftest import ROOT
 
-from cegppo_utils import runfolder
+from cegppo_utils import cli, runfolder
 from cegppo_utils.data import UserError
-from tools import cli
 
 
 def one_line(argv, tmp_path, code=2):

@@ -990,7 +990,7 @@ DEFAULT_SECTIONS = [name for name in SECTIONS if name != "update_levers"]
 
 
 def make_parser():
-    from tools import cli
+    from cegppo_utils import cli
     parser = cli.Parser("bench.py", description=__doc__)
     parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS),
                         help=f"comma-separated sections from {list(SECTIONS)} (default: all but update_levers)")
@@ -1022,7 +1022,7 @@ def make_parser():
 def argument_checks(parser, args) -> list[str]:
     """Every bad input, one line and exit code 2 before any section runs (the output's folder made now): the sections
     to run."""
-    from tools import cli
+    from cegppo_utils import cli
     if args.step_steps < 2 or args.step_repeats < 1:
         parser.error("--step-steps must be >= 2 (the first step is warm-up) and --step-repeats >= 1")
     if args.step_prompts < 1 or args.step_micro_batch < 1 or (args.step_prompts * 8) % args.step_micro_batch:

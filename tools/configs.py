@@ -101,7 +101,7 @@ STUDY_SECONDARY = ["sapo", "clip_cov", "kl_cov", "top_entropy_0.2", "adaptive_en
 
 def main(argv=None):
     """The command line: the named configurations' train.py flags (all, with none named), one per line."""
-    from tools import cli
+    from cegppo_utils import cli
     parser = cli.Parser("configs.py", description=__doc__)
     parser.add_argument("names", nargs="*", help="configurations to show (default: every one)")
     args = parser.parse_args(argv)

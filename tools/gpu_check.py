@@ -465,7 +465,7 @@ def print_bf16_gap_estimate(vocab=151936, tops=(10.0, 20.0, 30.0, 40.0)):
 def check_output(parser, path):
     """--output is a file (not a folder, a link or a FIFO) whose folder exists (created here) and takes a file, before
     any part runs; else one line, exit 2."""
-    from tools import cli
+    from cegppo_utils import cli
     problem = cli.output_problem(path, "--output", create=True)
     if problem:
         parser.error(problem)
@@ -478,7 +478,7 @@ def write_json(path, payload):
 
 
 def main(argv=None) -> int:
-    from tools import cli  # one line and exit code 2 for every bad input, before any part runs
+    from cegppo_utils import cli  # one line and exit code 2 for every bad input, before any part runs
     parser = cli.Parser("gpu_check.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {list(PARTS)}")
     parser.add_argument("--output", default=None, help="also write the rows as JSON to this file (folder created)")

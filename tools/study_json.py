@@ -6,8 +6,8 @@ it, so neither imports the other to read it.
 import os
 import textwrap
 
+from cegppo_utils import cli
 from cegppo_utils.data import UserError
-from tools import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

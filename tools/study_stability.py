@@ -14,8 +14,9 @@ part reads what exists so far and says what is missing.
 import math
 import os
 
+from cegppo_utils import cli
 from cegppo_utils.data import UserError
-from tools import cli, study_json
+from tools import study_json
 from tools.stats import (
     auc,
     auc_bootstrap_ci,

@@ -1,5 +1,5 @@
 """Where a program writes: one check of an output path, made whole before any work (and before torch loads), for
-train.py's run folder, evaluate.py's results and every tool's outputs (tools/cli.py). It says, in one line, what
+train.py's run folder, evaluate.py's results and every tool's outputs (cegppo_utils/cli.py). It says, in one line, what
 stands in the way: an empty path, a file's name that names a folder (a trailing /), a name longer than the file system
 takes, a file (or a FIFO, a broken link, ...) where a folder must be, something other than what is meant at the name
 itself, or a missing folder that cannot be made where it would go. It makes nothing: a program refused later leaves no

@@ -1,10 +1,11 @@
 """The research tools' edges, one rule for all of them (study, study_active, mechanism, bench, gpu_check, configs, and
-cegppo_utils/plot.py): bad input is one line on stderr and exit code 2, found before the work (the usage is shown only
-with --help); an empty value is refused for every flag that takes one (an unset shell variable is not a choice); a
-value shown in a message has its control characters escaped and is cut, so that a newline in a path or a
-100,000-character value leaves one readable line. A file a tool reads is checked before it is opened (a FIFO would
-block the read); a file or folder it writes is checked before the work that fills it, and written whole, never through
-a link (runfolder/paths.py checks, runfolder.write_text_atomically, save_figure, append_line write).
+cegppo_utils/plot.py, which is why it sits among the helpers: a helper imports nothing from tools/): bad input is one
+line on stderr and exit code 2, found before the work (the usage is shown only with --help); an empty value is refused
+for every flag that takes one (an unset shell variable is not a choice); a value shown in a message has its control
+characters escaped and is cut, so that a newline in a path or a 100,000-character value leaves one readable line. A file
+a tool reads is checked before it is opened (a FIFO would block the read); a file or folder it writes is checked before
+the work that fills it, and written whole, never through a link (runfolder/paths.py checks,
+runfolder.write_text_atomically, save_figure, append_line write).
 """
 
 import argparse
@@ -29,12 +30,13 @@ def fail(prog: str, message) -> None:
     raise SystemExit(2)
 
 
-def guard(prog: str, main, *args):
+def guard(prog: str, main, *args, refused=()):
     """main(*args), where a UserError (bad input found once the work began: a damaged file, a planted link) ends the
-    program as one line and exit code 2, as argparse's errors do; uncaught, Python would print nothing."""
+    program as one line and exit code 2, as argparse's errors do; uncaught, Python would print nothing. refused: the
+    other exceptions that say the input was bad (stats.ImpossibleInput: numbers no study gives), ended alike."""
     try:
         return main(*args)
-    except UserError as e:
+    except (UserError, *refused) as e:
         fail(prog, str(e))
 
 

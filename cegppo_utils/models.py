@@ -134,8 +134,8 @@ def family_module(model):
     """The transformers module of the model's family (modeling_qwen2, ...), where Liger replaces the rotary function
     and the norm and MLP classes for every model of that family in the process."""
     import sys
-    owner = next(c for c in type(decoder_layers(model)[0]).__mro__ if c.__module__.startswith("transformers.models."))
-    return sys.modules[owner.__module__]
+    owner = next((c for c in type(model).__mro__ if c.__module__.startswith("transformers.models.")), None)
+    return sys.modules[owner.__module__] if owner else None
 
 
 def _rotary_on_copies(model):
@@ -144,7 +144,7 @@ def _rotary_on_copies(model):
     in this process gets it too (kernels_in_use says so)."""
     family = family_module(model)
     rotary = getattr(family, "apply_rotary_pos_emb", None)
-    if rotary is None or rotary.__module__ == family.__name__ or hasattr(rotary, "rotates_copies_of"):
+    if family is None or rotary is None or rotary.__module__ == family.__name__ or hasattr(rotary, "rotates_copies_of"):
         return
 
     def rotary_on_copies(q, k, *args, **kwargs):
@@ -157,7 +157,8 @@ def enable_checkpointing(model, selective: bool = False, every: int = 1):
     """Gradient checkpointing of every `every`-th decoder layer (0, every, 2 every, ...; transformers' own,
     non-reentrant), the others keeping their activations; selective: keep the matrix products' and attention's outputs
     and recompute only the elementwise ops in the backward (torch.utils.checkpoint's selective policy), so no GEMM runs
-    twice, for more memory than full checkpointing, with the rotary embedding on copies of q and k (see above)."""
+    twice, for more memory than full checkpointing, with the rotary embedding on copies of q and k (see above): after
+    use_liger, whose patch would put the in-place rotary back (train.load_policy calls them in this order)."""
     kwargs = {"use_reentrant": False}
     if selective:
         import functools
@@ -166,7 +167,11 @@ def enable_checkpointing(model, selective: bool = False, every: int = 1):
         kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, selective_policy)
         _rotary_on_copies(model)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    for i, layer in enumerate(decoder_layers(model)):
+    layers = decoder_layers(model)
+    if every > 1 and not layers:
+        raise ValueError(f"checkpointing one decoder layer in {every} needs the layers transformers checkpoints "
+                         "(GradientCheckpointingLayer); this model has none")
+    for i, layer in enumerate(layers):
         layer.gradient_checkpointing = i % every == 0
 
 

@@ -231,7 +231,7 @@ def preset_path(folder, device="cuda", config=None, prompts=PRESET_PROMPTS, resp
                                              "micro_batch_tokens": max(prompts) + response})
     config = config or bench.R1_DISTILL_1P5B
     tokenizer = _preset_folder(folder, config, device, args)
-    policy, _ = train.load_policy(args, folder, device, ["Compute 2 + 3."])
+    policy, _ = train.load_policy(args, folder, device, ["1"])  # the prompts it checks: one short enough for a CPU's
     out = {"kernels": models.kernels_in_use(policy.model)}
     engine = _preset_engine(folder, tokenizer, args, config, out, policy)
     g = torch.Generator().manual_seed(0)
@@ -251,7 +251,9 @@ def preset_path(folder, device="cuda", config=None, prompts=PRESET_PROMPTS, resp
     if device.type == "cuda":
         out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
         out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
-    out.update(_synced_engine_checks(engine, model, tokenizer, g, torch.bfloat16 if args.precision == "bf16" else None))
+    context = min(args.max_prompt_len + args.max_response_len, config["max_position_embeddings"])
+    out.update(_synced_engine_checks(engine, model, tokenizer, g, torch.bfloat16 if args.precision == "bf16" else None,
+                                     context))
     engine.close()
     return out
 
@@ -307,9 +309,10 @@ def _preset_engine(folder, tokenizer, args, config, out, policy):
     return engine
 
 
-def _synced_engine_checks(engine, model, tokenizer, g, autocast_dtype) -> dict:
+def _synced_engine_checks(engine, model, tokenizer, g, autocast_dtype, context) -> dict:
     """Wake the engine, sync the updated weights as train.py does, then: the memory in use awake (CUDA), the exact
-    check, a weight the sync missed named, and the probe's log-prob gap (under the trainer's autocast dtype)."""
+    check, a weight the sync missed named, and the probe's log-prob gap (a prompt of 64 random tokens, fewer where the
+    engine's context is short, and the tokens the engine samples after it, under the trainer's autocast dtype)."""
     import rollout
     from cegppo_utils import distributed as D
     out = {}
@@ -326,7 +329,7 @@ def _synced_engine_checks(engine, model, tokenizer, g, autocast_dtype) -> dict:
         head[0, 0] += 1.0  # the trainer moves a weight the sync then misses (a change bf16 sees)
         out["missed_named"] = rollout.stale_tensors(engine, model)
         head[0, 0] = kept
-    probe = torch.randint(1, len(tokenizer), (64,), generator=g).tolist()
+    probe = torch.randint(1, len(tokenizer), (min(64, context - rollout.PROBE_TOKENS),), generator=g).tolist()
     out["probe_gap"] = rollout.sync_mismatch(engine, model, probe, autocast_dtype=autocast_dtype)
     return out
 

@@ -2,7 +2,7 @@
 # What waits for a GPU (docs/performance.md, "Levers of the one-GPU update"), in one call of under 10 minutes on one
 # H100 / H200, from the repository root:
 #
-#     bash tools/gpu_levers.sh            # results in $OUT (default: gpu-levers/), logs and JSON
+#     bash tools/gpu_levers.sh            # results in $OUT (default: runs/gpu-levers/), logs and JSON
 #
 # 1. the CUDA tests (tests/test_cuda.py, fast tier): Liger's kernels against a model that never saw them, selective
 #    checkpointing's gradients under Liger's in-place RoPE (fp32 and bf16, padded and packed, and the policy without
@@ -15,7 +15,7 @@
 # .cache/ (carried, or built by the tests in about a minute). PYTHON picks the interpreter (default: .venv/bin/python
 # where it runs, else python3). Exit code: the CUDA tests' (0 when all passed), or the bench's when they passed.
 set -u
-OUT="${OUT:-gpu-levers}"
+OUT="${OUT:-runs/gpu-levers}"
 mkdir -p "$OUT"
 PY="${PYTHON:-}"
 if [ -z "$PY" ]; then

@@ -713,6 +713,7 @@ def bench_update_levers(device="cuda", sequences=16, repeats=1):
                                                     draws=("long_tailed",), **lever)
         except Exception as e:  # out of memory, a compile error: named, and the next lever runs
             out[name] = {"failed": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"}
+        torch.compiler.reset()  # a compiled lever's graphs and guards do not carry into the next
         gc.collect()
         torch.cuda.empty_cache()
         print(f"update_levers: {name}: {lever_line(out[name])} ({time.perf_counter() - start:.0f} s)", flush=True)

@@ -304,7 +304,7 @@ def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, ctx: StepContext 
     clip region (region_gradients; else {}). evidence: {region: (sums, [ratios])}, this mini-batch's tokens added
     (loss.region_evidence). A non-finite loss, gradient norm or weight stops the run (every rank) before anything is
     saved."""
-    sums, bad_loss = {}, None
+    sums, losses = {}, []
     regions = RegionGradients(policy.model) if measure else None
     for mb in mini.micro:
         logp, entropy, _ = response_logprobs(policy, mb, grad=True)
@@ -315,8 +315,7 @@ def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, ctx: StepContext 
                           progress=ctx.progress, od_state=ctx.od_state)
         loss, m = L.policy_loss(logp, mb.old_logp, mb.advantages, mb.response_mask, cfg, totals=mini.totals,
                                 extras=extras)
-        if bad_loss is None and not torch.isfinite(loss):
-            bad_loss = loss.item()
+        losses.append(loss.detach())
         if evidence is not None:
             for name, (counts, ratios) in L.region_evidence(logp, mb.old_logp, mb.advantages, mb.response_mask,
                                                             *L.clip_range(cfg, logp, ctx.progress, ctx.od_state),
@@ -327,12 +326,14 @@ def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, ctx: StepContext 
             regions.add(logp, L.region_terms(logp, mb.old_logp, mb.advantages, mb.response_mask, cfg,
                                              totals=mini.totals, extras=extras))
         loss.backward()
-        tokens = mb.response_mask.sum().item()
+        tokens = mb.response_tokens  # counted by collate / pack on the host: reading it waits for nothing
         m["entropy"] = (mb.old_entropy * mb.response_mask).sum() / max(tokens, 1)
-        for k, v in m.items():
+        for k, v in m.items():  # summed in float64 where they are, read once per optimizer step (_read_sums)
             if k != "num_tokens":
-                sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if k in LOSS_TERMS else tokens)
+                v = torch.as_tensor(v, dtype=torch.float64, device=loss.device)
+                sums[k] = sums.get(k, 0.0) + v * (1.0 if k in LOSS_TERMS else tokens)
         sums["_tokens"] = sums.get("_tokens", 0.0) + tokens
+    sums, bad_loss = _read_sums(sums, losses)
     if D.all_reduce([bad_loss is not None], policy.device, op="max")[0]:  # every rank stops, not just one
         loss_text = bad_loss if bad_loss is not None else "not finite on another rank"
         raise FloatingPointError(f"step {ctx.index + 1}: the loss is {loss_text}; stopping")
@@ -345,6 +346,14 @@ def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, ctx: StepContext 
     check_finite_parameters(policy.model, policy.device, ctx.index)
     RF.crash_point(f"update:{ctx.index + 1}")
     return sums, grad_norm.item(), parts
+
+
+def _read_sums(sums: dict, losses: list) -> tuple[dict, float | None]:
+    """optimizer_step's sums as floats, and the first micro-batch loss that is not finite (or None), in one read: a
+    read per micro-batch would make the host wait for each one's backward before it queues the next forward."""
+    keys = [k for k, v in sums.items() if isinstance(v, torch.Tensor)]
+    values = torch.stack([sums[k] for k in keys] + [x.double() for x in losses]).tolist() if keys or losses else []
+    return {**sums, **dict(zip(keys, values))}, next((x for x in values[len(keys):] if not math.isfinite(x)), None)
 
 
 class RegionGradients:
@@ -389,7 +398,8 @@ def check_finite_parameters(model, device, step):
     """After every optimizer step (a pass over the weights): a NaN or inf weight stops the run before anything is
     saved, so no checkpoint or final/ ever holds one. An infinite lr, say, gives a finite gradient norm."""
     local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
-    bad = sum(int(not torch.isfinite(n)) for n in torch._foreach_norm([p.detach() for p in local if p.numel()]))
+    norms = torch._foreach_norm([p.detach() for p in local if p.numel()])
+    bad = int((~torch.isfinite(torch.stack([n.float() for n in norms]))).sum()) if norms else 0  # one read in all
     if D.all_reduce([bad], device)[0]:
         raise FloatingPointError(f"step {step + 1}: the parameters are no longer finite after an optimizer step; "
                                  "stopping before anything is saved")
@@ -677,8 +687,11 @@ def load_policy(args, model_path, device, prompts):
         if D.is_main():
             print(f"Liger kernels: {kernels}")
     if args.gradient_checkpointing:
-        models.enable_checkpointing(model, selective=args.selective_checkpointing)
-    model = D.place_model(model, args.precision, device)  # bf16: FSDP2's mixed precision, one process or many
+        models.enable_checkpointing(model, selective=args.selective_checkpointing, every=args.checkpoint_every)
+    if args.compile_layers:
+        models.compile_layers(model)
+    # bf16: FSDP2's mixed precision, one process or many
+    model = D.place_model(model, args.precision, device, one_process=args.fsdp_one_process)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     autocast_dtype = torch.bfloat16 if args.precision == "bf16" else None
@@ -736,6 +749,7 @@ class MicroBatch:
     finished: torch.Tensor  # [B] bool: the response ended at its EOS token (its last token), not at the length limit
     sampler_logp: torch.Tensor  # [B, R] the sampler's log-probs (0 where it gave none)
     packed: logprobs.Packing | None = None  # where the response tokens sit in a packed row
+    response_tokens: int = 0  # the response tokens (response_mask's sum), counted on the host
     # stage 5 (no grad): the old policy's log-probs and entropy, what the sampler's truncation keeps, the rollout
     # correction's weights, the KL reference's log-probs; each None until set (old_logp: the first mini-batch's come
     # from its own first forward in stage 6)
@@ -793,8 +807,10 @@ def pack(seqs, pad_id, device) -> MicroBatch:
         positions.extend(range(len(p) + len(r)))
     fields = response_fields(seqs, pad_id, device)
     rows, cols = fields["response_mask"].nonzero(as_tuple=True)  # row-major: sequence by sequence, as predictors
+    lengths = [len(s["prompt_ids"]) + len(s["response_ids"]) for s in seqs]  # the row's sequences, for attention
     return MicroBatch(torch.tensor([ids], device=device), None, torch.tensor([positions], device=device), **fields,
-                      packed=logprobs.Packing(torch.tensor(predictors, device=device), rows, cols))
+                      packed=logprobs.Packing(torch.tensor(predictors, device=device), rows, cols,
+                                              attention.from_lengths(lengths, device)))
 
 
 def response_fields(seqs, pad_id, device) -> dict:
@@ -816,6 +832,7 @@ def response_fields(seqs, pad_id, device) -> dict:
         "correct": torch.tensor([s["correct"] for s in seqs], dtype=torch.bool, device=device),
         "finished": torch.tensor([s.get("finished", False) for s in seqs], dtype=torch.bool, device=device),
         "sampler_logp": sampler_logp.to(device),
+        "response_tokens": sum(len(s["response_ids"]) for s in seqs),
     }
 
 
@@ -825,6 +842,7 @@ def padding_micro_batch(pad_id, device) -> MicroBatch:
     sequence = {"prompt_ids": [pad_id], "response_ids": [pad_id], "advantage": 0.0, "correct": False}
     mb = collate([sequence], pad_id, device)
     mb.response_mask.zero_()
+    mb.response_tokens = 0
     return mb
 
 

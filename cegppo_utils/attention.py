@@ -13,7 +13,9 @@ causal skip is off), so attention costs L^2 per row and runs no flash kernel: at
 
   where the sequences are   a 2-D mask: each row's unmasked tokens are one sequence (padding takes no part);
                             no mask: a sequence starts at every row's first token and wherever the position ids
-                            do not continue (position_ids[t] != position_ids[t - 1] + 1), as packed rows restart
+                            do not continue (position_ids[t] != position_ids[t - 1] + 1), as packed rows restart;
+                            a packed row's own layout where its builder gave it (expect_layout: train.pack knows
+                            the sequences' lengths), so no forward searches for them (a host sync each)
   the kernel (kernel_for)   CUDA, bf16 / fp16: torch.nn.attention.varlen.varlen_attn (PyTorch's flash or cuDNN
                             varlen kernel), else flash_attn.flash_attn_varlen_func (FlashAttention-2) where installed;
                             otherwise (CPU, fp32): causal sdpa on each sequence in turn, which on a CPU runs its flash
@@ -50,21 +52,33 @@ def layout(attention_mask, position_ids, batch: int, length: int, device) -> Lay
         index = keep.reshape(-1).nonzero().squeeze(1)
         lengths = [n for n in keep.sum(1).tolist() if n]
     else:
-        index = None
         starts = torch.zeros(batch, length, dtype=torch.bool, device=device)
         starts[:, 0] = True
         if position_ids is not None:
             positions = position_ids.expand(batch, length)
             starts[:, 1:] = positions[:, 1:] != positions[:, :-1] + 1
         edges = starts.reshape(-1).nonzero().squeeze(1).tolist() + [batch * length]
-        lengths = [b - a for a, b in zip(edges, edges[1:])]
+        return from_lengths([b - a for a, b in zip(edges, edges[1:])], device)
     cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
     return Layout(index, cu, lengths, max(lengths, default=0))
+
+
+def from_lengths(lengths: list[int], device) -> Layout:
+    """The layout of sequences of these lengths laid end to end (a packed row, or several rows' worth), built on the
+    host: copying cu_seqlens to the device waits for nothing."""
+    cu = torch.tensor([0] + list(lengths), dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+    return Layout(None, cu, list(lengths), max(lengths, default=0))
 
 
 # Every decoder layer of a forward sees the same mask and position ids (and gradient checkpointing's recomputation
 # sees them again): the layout is found once per forward, keyed on those very tensor objects.
 _last: list = [None, None, None, None]  # [attention_mask, position_ids, (batch, length), Layout]
+
+
+def expect_layout(position_ids, lay: Layout):
+    """The layout of the next forwards that get these very position ids and no mask (a packed row, [1, L]), given by
+    whoever built the row, so that no forward searches for it (nonzero and tolist: a host sync each)."""
+    _last[:] = [None, position_ids, tuple(position_ids.shape), lay]
 
 
 def _cached_layout(attention_mask, position_ids, batch, length, device) -> Layout:
@@ -204,10 +218,11 @@ def padding_mask(batch_size, q_length, kv_length, attention_mask=None, **kwargs)
     return None if attention_mask.shape[1] == kv_length and bool(attention_mask.all()) else attention_mask.bool()
 
 
-def register():
-    """Make NAME an attn_implementation transformers knows (idempotent)."""
+def register(untraced: bool = False):
+    """Make NAME an attn_implementation transformers knows (idempotent); untraced: torch.compile leaves the attention
+    out of the graphs it captures (models.compile_layers), a graph break around it."""
     from transformers import AttentionInterface, AttentionMaskInterface
-    AttentionInterface.register(NAME, attention_forward)
+    AttentionInterface.register(NAME, torch.compiler.disable(attention_forward) if untraced else attention_forward)
     AttentionMaskInterface.register(NAME, padding_mask)
 
 

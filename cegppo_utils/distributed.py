@@ -104,37 +104,43 @@ def rank_seed(seed: int) -> int:
     return seed * world_size() + rank()
 
 
-def shard_model(model, precision):
+def shard_model(model, precision, one_process: bool = False):
     """FSDP2: each decoder layer is one unit (gathered for its forward/backward, then freed), the root holds the
     embeddings and LM head. Gradients are summed, not averaged, over ranks: each rank's loss is already its share
-    of the global token mean."""
+    of the global token mean. one_process (world size 1 only): each unit keeps its gathered bf16 weights from the
+    forward to the backward (reshard_after_forward=False: no second cast of the fp32 masters, for 2 bytes per
+    parameter held), and no gradient divide factor is set (there is nothing to divide or sum across; setting one
+    costs a divide-and-copy of every gradient per micro-batch)."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
                                   reduce_dtype=torch.float32)
+    alone = one_process and world_size() == 1
+    options = {"mp_policy": policy, **({"reshard_after_forward": False} if alone else {})}
     layer_classes = set(getattr(model, "_no_split_modules", None) or [])
     for module in model.modules():
         if type(module).__name__ in layer_classes:
-            fully_shard(module, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+            fully_shard(module, **options)
+    fully_shard(model, **options)
     for module in model.modules():
-        if isinstance(module, FSDPModule):
+        if isinstance(module, FSDPModule) and not alone:
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no pre-multiplied sum)
     return model
 
 
-def place_model(model, precision, device):
+def place_model(model, precision, device, one_process: bool = False):
     """The model where this process trains it: sharded by FSDP2 under torchrun (each rank's shard on its own device)
     and in bf16 at any world size, else (fp32, one process) moved whole to `device`, the one init() returned. bf16 is
     FSDP2's mixed precision everywhere: fp32 master weights, bf16 copies gathered for each forward and backward,
     gradients reduced in fp32. So one process computes what N ranks do, and the residual stream, q, k and v are bf16
-    (fp32 weights under autocast would carry an fp32 residual stream, and fp32 q and k from the rotary embedding)."""
+    (fp32 weights under autocast would carry an fp32 residual stream, and fp32 q and k from the rotary embedding).
+    one_process: shard_model's settings for a world of one."""
     if world_size() == 1 and precision != "bf16":
         return model.to(device)
     group_of_one(device)
     if device.type == "cuda":
         model = model.to(device)  # fully_shard shards what it is given on the mesh's device
-    return shard_model(model, precision)
+    return shard_model(model, precision, one_process)
 
 
 def group_of_one(device):

@@ -50,6 +50,12 @@ class Args:
     gradient_checkpointing: bool = False  # recompute activations in backward to save memory
     selective_checkpointing: bool = False  # with --gradient-checkpointing: keep the matrix products' and attention's
                                            # outputs, recompute only the elementwise ops (models.enable_checkpointing)
+    checkpoint_every: int = L.option(1, COUNT)  # with --gradient-checkpointing: checkpoint every k-th decoder layer
+                                                # (1: all; 2: every other, the rest keep their activations)
+    compile_layers: bool = False  # torch.compile each decoder layer (models.compile_layers); not with
+                                  # --selective-checkpointing
+    fsdp_one_process: bool = False  # one process under FSDP2 (--precision bf16, no torchrun): keep the bf16 weights
+                                    # from forward to backward, no gradient divide factor (distributed.shard_model)
     fused_logprobs: bool = True  # log-probs straight from hidden states, one chunk of logits at a time (logprobs.py)
     liger_kernels: bool = True  # on CUDA: Liger's Triton RMSNorm, RoPE and SwiGLU in the
                                 # trained model (models.use_liger); no effect on a CPU
@@ -316,6 +322,9 @@ def validate(a: Args) -> list[str]:
         problems.append(f"--micro-batch-tokens ({a.micro_batch_tokens}) must hold the longest sequence, "
                         f"max-prompt-len + max-response-len = {a.max_prompt_len + a.max_response_len} (or be 0: "
                         "padded micro-batches)")
+    if a.compile_layers and a.gradient_checkpointing and a.selective_checkpointing:
+        problems.append("--compile-layers cannot run with --selective-checkpointing (compiled layers write into the "
+                        "outputs the selective policy keeps); choose one")
     if (a.eval_every or a.eval_before_train) and not a.eval_data:  # --eval-every 0 turns both off (resolve)
         asked = f"--eval-every {a.eval_every}" if a.eval_every else "--eval-before-train"
         problems.append(f"{asked} needs --eval-data (a benchmark name or file) for --train-data {a.train_data}; "
@@ -342,6 +351,9 @@ MODE_OPTIONS = {
                  "--loss-agg-mode seq-mean-token-sum-norm"),
     "micro_batch_size": (lambda a: not a.micro_batch_tokens, "padded micro-batches (--micro-batch-tokens 0)"),
     "selective_checkpointing": (lambda a: a.gradient_checkpointing, "--gradient-checkpointing"),
+    "checkpoint_every": (lambda a: a.gradient_checkpointing, "--gradient-checkpointing"),
+    "fsdp_one_process": (lambda a: a.precision == "bf16" and int(os.environ.get("WORLD_SIZE", "1")) == 1,
+                         "--precision bf16 in one process (no torchrun)"),
     "region_grad_norms": (lambda a: (a.precision == "fp32" and int(os.environ.get("WORLD_SIZE", "1")) == 1
                                      and bool(L.ALGORITHMS[a.loss.algo].regions)),
                           "--precision fp32 on one process, with an algorithm that has clip regions"),

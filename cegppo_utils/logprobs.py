@@ -472,6 +472,7 @@ class Packing(NamedTuple):
     positions: torch.Tensor  # [N] long: the row position whose hidden state predicts each response token
     seqs: torch.Tensor  # [N] long: the token's sequence (its row in [S, R])
     cols: torch.Tensor  # [N] long: its index within that response (its column in [S, R])
+    layout: object = None  # attention.Layout of the row's sequences (train.pack), so no forward searches for them
 
 
 def model_logprobs(
@@ -506,6 +507,8 @@ def model_logprobs(
         keep, targets = packed.positions, response_ids[packed.seqs, packed.cols].unsqueeze(0)
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                   logits_to_keep=keep, use_cache=False)
+    if packed is not None and packed.layout is not None:
+        _expect_packed_layout(model, inputs, packed.layout)
     options = dict(temperature=temperature, with_entropy=with_entropy, truncation=truncation)
     if chunk_elements is not None:
         options["chunk_elements"] = chunk_elements
@@ -516,6 +519,20 @@ def model_logprobs(
     else:
         out = _fused_model_logprobs(model, inputs, autocast, targets, packed is None, options)
     return out if packed is None else _unpack(out, packed, response_ids.shape)
+
+
+def _expect_packed_layout(model, inputs, layout):
+    """A packed row whose sequences its builder gave: under attention.py's per-sequence attention, every forward reads
+    them from there (attention.expect_layout) and transformers builds no mask (a mapping of each layer type to None,
+    which the model families with layer types take as built; its search of the position ids for packed sequences is
+    a host sync). Under any other attention the model finds the sequences itself, as before."""
+    from cegppo_utils import attention
+    if model.config._attn_implementation != attention.NAME:
+        return
+    attention.expect_layout(inputs["position_ids"], layout)
+    layer_types = getattr(model.config, "layer_types", None)
+    if layer_types:
+        inputs["attention_mask"] = dict.fromkeys(layer_types)
 
 
 def _fused_model_logprobs(model, inputs, autocast, targets, drop_last, options):

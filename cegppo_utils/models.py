@@ -101,22 +101,122 @@ def use_liger(model, device) -> str:
 # (linear, matmul) have decomposed, so what it keeps is, by name: aten's matrix products mm, addmm and bmm, and every
 # op whose name holds "attention" or "attn": aten's _scaled_dot_product_{flash,efficient,cudnn}_attention (and
 # _for_cpu), _flash_attention_forward and _efficient_attention_forward, PyTorch's varlen_attn and flash-attn's ops.
+#
+# A kept output is a detached alias of the forward's tensor (torch.utils.checkpoint), guarded only by its version
+# counter, and the recomputation starts again from it. So no later op may write into it unseen: Liger's RoPE rotates
+# q and k in place, in the q and k projections' (addmm) outputs, with Triton stores that bump no version counter; the
+# recomputation would rotate the kept, already rotated q and k a second time, and dq, dk and dv come out wrong while the
+# loss looks right. Under the selective policy the model family's rotary function therefore gets copies of q and k
+# (_rotary_on_copies). Of the three ways out, it costs least by this reckoning (not measured on a GPU): two copies of q
+# and k per forward and per recomputation (at the 1.5B shape ~3.5 KiB per token and layer in bf16, about 2 GB per
+# 20,480-token row: milliseconds at HBM rates, against ~0.8 s per row); transformers' out-of-place RoPE instead would
+# run about six elementwise kernels forward and more backward over the same tensors; and keeping q and k out of the
+# kept set would recompute their GEMMs, ~6% of a layer's GEMM FLOPs at that shape.
 def _saved_by_selective(op) -> bool:
     name = str(op.overloadpacket.__name__) if hasattr(op, "overloadpacket") else str(op)
     return name in ("mm", "addmm", "bmm") or "attention" in name or "attn" in name
 
 
-def enable_checkpointing(model, selective: bool = False):
-    """Gradient checkpointing of every decoder layer (transformers' own, non-reentrant); selective: keep the matrix
-    products' and attention's outputs and recompute only the elementwise ops in the backward
-    (torch.utils.checkpoint's selective policy), so no GEMM runs twice, for more memory than full checkpointing."""
+def selective_policy(ctx, op, *args, **kwargs):
+    """torch.utils.checkpoint's policy for the selective mode: keep what _saved_by_selective names, recompute the
+    rest."""
+    from torch.utils.checkpoint import CheckpointPolicy
+    return CheckpointPolicy.MUST_SAVE if _saved_by_selective(op) else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def decoder_layers(model) -> list:
+    """The model's decoder layers, in order: the modules transformers checkpoints (GradientCheckpointingLayer)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+def family_module(model):
+    """The transformers module of the model's family (modeling_qwen2, ...), where Liger replaces the rotary function
+    and the norm and MLP classes for every model of that family in the process."""
+    import sys
+    owner = next((c for c in type(model).__mro__ if c.__module__.startswith("transformers.models.")), None)
+    return sys.modules[owner.__module__] if owner else None
+
+
+def _rotary_on_copies(model):
+    """Make the family's rotary function (where it is not transformers' own, out-of-place one: Liger's) rotate copies of
+    q and k, never the tensors it is given. Module-wide, as Liger's own replacement is: every model of the family built
+    in this process gets it too (kernels_in_use says so)."""
+    family = family_module(model)
+    rotary = getattr(family, "apply_rotary_pos_emb", None)
+    if family is None or rotary is None or rotary.__module__ == family.__name__ or hasattr(rotary, "rotates_copies_of"):
+        return
+
+    def rotary_on_copies(q, k, *args, **kwargs):
+        return rotary(q.clone(), k.clone(), *args, **kwargs)
+    rotary_on_copies.rotates_copies_of = rotary
+    family.apply_rotary_pos_emb = rotary_on_copies
+
+
+def enable_checkpointing(model, selective: bool = False, every: int = 1):
+    """Gradient checkpointing of every `every`-th decoder layer (0, every, 2 every, ...; transformers' own,
+    non-reentrant), the others keeping their activations; selective: keep the matrix products' and attention's outputs
+    and recompute only the elementwise ops in the backward (torch.utils.checkpoint's selective policy), so no GEMM runs
+    twice, for more memory than full checkpointing, with the rotary embedding on copies of q and k (see above): after
+    use_liger, whose patch would put the in-place rotary back (train.load_policy calls them in this order)."""
     kwargs = {"use_reentrant": False}
     if selective:
         import functools
 
-        from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-
-        def policy(ctx, op, *args, **kw):
-            return CheckpointPolicy.MUST_SAVE if _saved_by_selective(op) else CheckpointPolicy.PREFER_RECOMPUTE
-        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policy)
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, selective_policy)
+        _rotary_on_copies(model)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    layers = decoder_layers(model)
+    if every > 1 and not layers:
+        raise ValueError(f"checkpointing one decoder layer in {every} needs the layers transformers checkpoints "
+                         "(GradientCheckpointingLayer); this model has none")
+    for i, layer in enumerate(layers):
+        layer.gradient_checkpointing = i % every == 0
+
+
+def compile_layers(model, backend: str = "inductor"):
+    """torch.compile each decoder layer's forward (dynamic shapes: micro-batches differ in length), as torchtitan
+    compiles its blocks; attention itself stays out of the graphs (attention.attention_forward is not traced). Not
+    with the selective policy: compiled code writes into the outputs that policy keeps (torch refuses: "Tensor cached
+    during selective activation checkpoint has been mutated")."""
+    import torch
+
+    from cegppo_utils import attention
+    if model.config._attn_implementation == attention.NAME:
+        attention.register(untraced=True)
+    for layer in decoder_layers(model):
+        if "context_fn" in getattr(getattr(layer, "_gradient_checkpointing_func", None), "keywords", {}):
+            raise ValueError("compiled decoder layers cannot run under the selective checkpointing policy")
+        layer.forward = torch.compile(layer.forward, backend=backend, dynamic=True)
+
+
+def _where(fn) -> str:
+    """module.qualname of a function or bound method."""
+    fn = getattr(fn, "__func__", fn)
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+def kernels_in_use(model) -> dict:
+    """What the built model's forwards run, read from the model itself (not from the settings that asked for it):
+    the RMSNorm, rotary and MLP functions (Liger's or transformers'), the attention implementation, how many decoder
+    layers are checkpointed and how (full or selective), and how many are compiled."""
+    layers = decoder_layers(model)
+    layer = layers[0]
+    rotary = getattr(family_module(model), "apply_rotary_pos_emb", None)
+    copies = getattr(rotary, "rotates_copies_of", None)
+    rope = "none" if rotary is None else _where(copies or rotary) + (" (on copies of q and k)" if copies else "")
+    checkpointed = [m for m in layers if m.gradient_checkpointing]
+    func = getattr(checkpointed[0], "_gradient_checkpointing_func", None) if checkpointed else None
+    return {"rms_norm": _where(layer.input_layernorm.forward), "swiglu": _where(layer.mlp.forward),
+            "rope": rope,
+            "attention": model.config._attn_implementation,
+            "checkpointing": ("off" if not checkpointed else
+                              f"{'selective' if 'context_fn' in getattr(func, 'keywords', {}) else 'full'}, "
+                              f"{len(checkpointed)} of {len(layers)} layers"),
+            "compiled_layers": sum(hasattr(m.__dict__.get("forward"), "_torchdynamo_orig_callable") for m in layers)}
+
+
+def liger_in_use(kernels: dict) -> bool:
+    """Whether kernels_in_use found Liger's RMSNorm, rotary and SwiGLU all three."""
+    return all(kernels[op].startswith("liger_kernel") for op in ("rms_norm", "rope", "swiglu"))

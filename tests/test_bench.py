@@ -143,6 +143,14 @@ def test_update_flops_counts_layers_head_and_causal_attention():
     layer = 4 * 4 + 2 * 4 * 2 + 4 * 4 + 3 * 4 * 8  # q, k and v (2 of 4 heads' width), o; gate, up, down
     lengths = [(3, 2), (1, 4)]  # (prompt, response)
     assert bench.update_flops(config, lengths) == 6 * 2 * layer * 10 + 6 * 40 * 6 + 6 * 2 * 4 * (5**2 + 5**2)
+    # full-square (torchtitan, PaLM): the whole l x l square of each sequence, twice the causal-halved attention
+    assert bench.update_flops(config, lengths, convention="full_square") == (
+        6 * 2 * layer * 10 + 6 * 40 * 6 + 12 * 2 * 4 * (5**2 + 5**2))
+    # the old log-probs' forward of the second sequence: a third of its forward-and-backward
+    assert bench.update_flops(config, lengths, forward_only=lengths[1:]) == bench.update_flops(config, lengths) + (
+        2 * 2 * layer * 5 + 2 * 40 * 4 + 2 * 2 * 4 * 5**2)
+    assert bench.mini_batch_split([(1, 1), (2, 2), (3, 3), (4, 4)], 2) == ([(1, 1), (2, 2), (3, 3), (4, 4)],
+                                                                          [(3, 3), (4, 4)])
 
 
 def test_update_throughput_says_why_it_did_not_run_without_a_gpu(monkeypatch):
@@ -162,15 +170,20 @@ def test_update_throughput_measures_both_draws_through_the_preset_attention(monk
     draws = bench.update_draws(False, 3, 40, 60, (16, 128))
     assert len(draws["long_tailed"]) == 3 and max(r for _, r in draws["long_tailed"]) <= 60
     assert len(draws["short_uniform"]) == 12 and all(16 <= p <= 32 and 48 <= r <= 64 for p, r in draws["short_uniform"])
+    assert out["kernels"]["rope"].startswith("transformers.") and out["liger"] is False  # read from the model
+    assert out["kernels"]["checkpointing"] == "full, 1 of 1 layers" and out["mini_batches"] == 1
     for draw, lengths in draws.items():
         assert out[f"{draw}_tokens"] == sum(p + r for p, r in lengths)
         assert out[f"{draw}_model_flops"] == bench.update_flops(shape, lengths)
+        assert out[f"{draw}_model_flops_full_square"] == bench.update_flops(shape, lengths, convention="full_square")
         assert out[f"{draw}_padded_micro_batches"] == math.ceil(len(lengths) / 4)  # the preset's micro-batch of 4
         assert math.ceil(out[f"{draw}_tokens"] / 300) <= out[f"{draw}_packed_micro_batches"] < len(lengths)
         for side in ("padded", "packed"):
             assert out[f"{draw}_{side}_tokens_per_s"] == pytest.approx(out[f"{draw}_tokens"] / out[f"{draw}_{side}_s"])
             seconds = out[f"{draw}_{side}_s"]
             assert out[f"{draw}_{side}_mfu"] == pytest.approx(out[f"{draw}_model_flops"] / seconds / 1e9)
+            assert out[f"{draw}_{side}_mfu_full_square"] == pytest.approx(
+                out[f"{draw}_model_flops_full_square"] / seconds / 1e9)
         assert out[f"{draw}_packed_speedup"] == pytest.approx(out[f"{draw}_padded_s"] / out[f"{draw}_packed_s"])
 
 
@@ -212,7 +225,8 @@ def test_update_levers_measure_what_they_name(monkeypatch):
         if dist.is_initialized():  # the group of one FSDP2 needed in this process
             dist.destroy_process_group()
     assert out["precision"].startswith("bf16: FSDP2") and "long_tailed_padded_s" not in out
-    assert selective["gradient_checkpointing"] == "selective" and selective["long_tailed_packed_tokens_per_s"] > 0
+    assert selective["gradient_checkpointing"] == "selective, 1 of 1 layers"
+    assert selective["long_tailed_packed_tokens_per_s"] > 0
     assert [name for name, _ in bench.UPDATE_LEVERS if "selective" in name]  # measured beside full and none on a GPU
     assert seen and set(seen) == {(bench.torch.bfloat16,) * 3}
 
@@ -230,7 +244,7 @@ def test_the_kernels_are_put_back_however_the_counted_block_ends():
 
 
 def test_the_sections_get_the_command_lines_values_and_update_levers_runs_only_when_named(monkeypatch, capsys):
-    """update_levers times five updates at the 1.5B shape: not in the default set, and given --device,
+    """update_levers times nine update stages at the 1.5B shape: not in the default set, and given --device,
     --update-sequences and --update-repeats when named (its own single repeat when --update-repeats is left out)."""
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bench.torch.cuda, "get_device_name", lambda: "NVIDIA H100 80GB HBM3")
@@ -251,3 +265,69 @@ def test_the_sections_get_the_command_lines_values_and_update_levers_runs_only_w
     bench.main()
     assert calls == {"update_levers": dict(device="cuda", sequences=16)}
     capsys.readouterr()
+
+
+SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+             vocab_size=64, tie_word_embeddings=False, max_position_embeddings=512)
+
+
+def test_the_update_row_times_the_whole_stage_through_train_pys_own_functions(monkeypatch):
+    """mini_batches=4 (a GPU takes the preset's 8): train.old_logprobs and train.update_policy run on all four
+    mini-batches, as train.main calls them, inside the timed stage; the model FLOPs count the old log-probs' forward
+    of the three after the first."""
+    import train
+    calls = []
+    for name in ("old_logprobs", "update_policy"):
+        real = getattr(train, name)
+        monkeypatch.setattr(train, name, lambda policy, minis, *a, real=real, name=name, **k:
+                            calls.append((name, len(minis))) or real(policy, minis, *a, **k))
+    monkeypatch.setattr(bench, "matmul_rate", lambda device: 1e9)
+    out = bench.bench_update_throughput("cpu", sequences=8, median=20, cap=30, budget=200, repeats=1, config=SHAPE,
+                                        draws=("long_tailed",), layouts=("packed",), mini_batches=4)
+    assert calls == [("old_logprobs", 4), ("update_policy", 4)] * 2  # the warm-up and the timed round
+    lengths = bench.update_draws(False, 8, 20, 30, (16, 128))["long_tailed"]
+    assert out["long_tailed_model_flops"] == bench.update_flops(SHAPE, lengths, lengths[2:])
+    assert out["mini_batches"] == 4 and out["long_tailed_packed_micro_batches"] >= 4  # rows never span mini-batches
+
+
+@pytest.mark.parametrize("host_syncs", [False, True])
+def test_the_host_sync_lever_takes_the_packed_rows_layout_away(monkeypatch, host_syncs):
+    """host_syncs=True (the lever's off side): every forward searches the position ids for the sequences, as before
+    pack() gave them; False (train.py's): none does."""
+    from cegppo_utils import attention
+    searched, real = [], attention.layout
+    monkeypatch.setattr(attention, "layout", lambda *a: searched.append(1) or real(*a))
+    monkeypatch.setattr(bench, "matmul_rate", lambda device: 1e9)
+    bench.bench_update_throughput("cpu", sequences=2, median=20, cap=30, budget=200, repeats=1, config=SHAPE,
+                                  draws=("long_tailed",), layouts=("packed",), host_syncs=host_syncs)
+    assert bool(searched) == host_syncs
+
+
+def test_a_lever_measured_after_liger_finds_the_model_family_as_it_was():
+    """Liger (and the selective policy's rotary on copies) replace names in the model family's module for every model
+    built later in the process: each lever runs inside family_restored, which puts them back."""
+    from transformers.models.qwen2 import modeling_qwen2 as Q
+    rotary, norm = Q.apply_rotary_pos_emb, Q.Qwen2RMSNorm
+    with bench.family_restored():
+        Q.apply_rotary_pos_emb, Q.Qwen2RMSNorm, Q.added_by_a_patch = len, int, 1
+    assert Q.apply_rotary_pos_emb is rotary and Q.Qwen2RMSNorm is norm and not hasattr(Q, "added_by_a_patch")
+
+
+def test_every_lever_is_a_setting_of_the_update_section():
+    import inspect
+    takes = inspect.signature(bench.bench_update_throughput).parameters
+    assert all(set(lever) <= set(takes) for _, lever in bench.UPDATE_LEVERS)
+    assert len({name for name, _ in bench.UPDATE_LEVERS}) == len(bench.UPDATE_LEVERS)
+    failed = "OutOfMemoryError: CUDA out of memory"
+    assert bench.lever_line({"failed": failed}) == failed  # a lever that failed is named with its error
+
+
+@pytest.mark.parametrize("path", ["tools/bench.py", "tools/gpu_check.py"])
+def test_every_function_ends_within_60_lines(path):
+    import ast
+
+    from conftest import ROOT
+    tree = ast.parse(open(os.path.join(ROOT, path)).read())
+    long = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60}
+    assert long == {}

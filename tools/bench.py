@@ -24,22 +24,29 @@ Sections:
             Needs requirements-bench.txt for the TRL side; without it, ours only. On a GPU TRL also runs on its
             vLLM colocate mode, and --step-model/--step-prompts/--step-max-tokens set a larger shape.
   step_long the same step with every response exactly --step-long-tokens (256) long on both sides: rollout-bound
-  update_throughput  one train.py update, packed (--micro-batch-tokens) against padded micro-batches, through the
-            attention train.py runs, on long-tailed response lengths and on short uniform rows: tokens/s and model
-            FLOPs utilisation (formula above bench_update_throughput); --device cuda: R1-Distill-Qwen-1.5B's shape,
-            bf16, 16k cap, peak memory, MFU against the card's dense bf16 peak (DENSE_BF16_PEAK_TFLOPS; target packed
-            >= 40%) with the GEMM rate measured on the same device beside it (the only one for a card the table does
-            not name); CPU: a scaled-down shape (target packed >= 2x padded tokens/s long-tailed, >= 1x short and
-            uniform)
-  update_levers  (GPU only, --device cuda; not in the default set: five updates at the 1.5B shape) update_throughput's
-            long-tailed draw once per lever of the one-GPU update (UPDATE_LEVERS: fp32 weights under autocast or
-            FSDP2's bf16, Liger's kernels, gradient checkpointing full, selective or off), each a fresh model
+  update_throughput  train.py's update stage (its own make_mini_batches, old_logprobs and update_policy: every
+            mini-batch, the old log-probs' forward included; the preset's 8 mini-batches on a GPU, 1 on a CPU), packed
+            (--micro-batch-tokens) against padded micro-batches, through the attention train.py runs, on long-tailed
+            response lengths and on short uniform rows: tokens/s and model FLOPs utilisation under two conventions,
+            each named (formula above bench_update_throughput: attention causal-halved, this project's, and
+            full-square, torchtitan's and PaLM's); the kernels the built model runs, read from its forwards
+            (models.kernels_in_use), and the attention kernel calls counted; --device cuda: R1-Distill-Qwen-1.5B's
+            shape, bf16, 16k cap, peak memory, MFU against the card's dense bf16 peak (DENSE_BF16_PEAK_TFLOPS;
+            target packed >= 40%, attention causal-halved) with the GEMM rate measured on the same device beside it
+            (the only one for a card the table does not name); CPU: a scaled-down shape (target packed >= 2x padded
+            tokens/s long-tailed, >= 1x short and uniform)
+  update_levers  (GPU only, --device cuda; not in the default set: nine update stages at the 1.5B shape)
+            update_throughput's long-tailed draw, packed, once per lever of the one-GPU update on and off
+            (UPDATE_LEVERS: checkpointing selective, every 2nd layer or off; the packed rows' layout searched per
+            forward again; FSDP2's one-process settings; compiled decoder layers with and without Liger), each a
+            fresh model, each row printed as it ends
   update_memory  (GPU only) one train.py update (stages 5 and 6) at the 1.5B model's shape, random weights, 2 x
             16,384-token responses: peak memory with full logits against the fused log-probs, each in a fresh process
 """
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -167,30 +174,9 @@ def _peak_probe(which, vocab, tokens, chunk_elements, repeats, hidden=0, device=
     measured run and `repeats` more. hidden=0: from bf16 logits [1, tokens, vocab] (naive | chunked); else from bf16
     hidden states [1, tokens, hidden] and a bf16 head [vocab, hidden] (naive | chunked | fused). On CUDA the peak is
     torch's allocator peak (max_memory_allocated) above what the inputs hold, and the full logits a bf16 GEMM."""
-    from cegppo_utils import logprobs
     cuda = device == "cuda"
-    chunk = {} if chunk_elements is None else {"chunk_elements": chunk_elements}
-
-    def inputs(tokens, vocab):
-        torch.manual_seed(0)
-        targets = torch.randint(0, vocab, (1, tokens))
-        if hidden:
-            h = torch.randn(1, tokens, hidden).bfloat16().to(device).requires_grad_(True)
-            # logits ~ N(0, 16)
-            w = (torch.randn(vocab, hidden) * (4 / hidden ** 0.5)).bfloat16().to(device).requires_grad_(True)
-            return targets.to(device), [h, w]
-        logits = torch.randn(1, tokens + 1, vocab, dtype=torch.bfloat16).to(device)[:, :-1]
-        return targets.to(device), [logits.requires_grad_(True)]
-
-    def forward(targets, leaves):
-        if which == "fused":
-            return logprobs.hidden_logprobs_and_entropy(*leaves, targets, **chunk)
-        logits = (torch.nn.functional.linear(*leaves) if cuda else _HeadLinear.apply(*leaves)) if hidden else leaves[0]
-        if which == "naive":
-            logsm = torch.log_softmax(logits.float(), dim=-1)
-            logp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-            return logp, -(logsm.exp() * logsm).sum(-1).detach()
-        return logprobs.token_logprobs_and_entropy(logits, targets, **chunk)
+    inputs = functools.partial(_probe_inputs, hidden=hidden, device=device)
+    forward = functools.partial(_probe_forward, which, hidden=hidden, cuda=cuda, chunk_elements=chunk_elements)
 
     def hwm_bytes():
         if cuda:
@@ -226,6 +212,33 @@ def _peak_probe(which, vocab, tokens, chunk_elements, repeats, hidden=0, device=
         times.append(time.perf_counter() - start)
     return {"forward_peak_bytes": forward_peak, "total_peak_bytes": total_peak, "grads_bytes": grads_bytes,
             "logits_bytes": tokens * vocab * 2, "seconds": statistics.median(times), "runs_s": times}
+
+
+def _probe_inputs(tokens, vocab, hidden, device):
+    """_peak_probe's inputs: (targets, leaves): bf16 hidden states and head (hidden > 0), else bf16 logits."""
+    torch.manual_seed(0)
+    targets = torch.randint(0, vocab, (1, tokens))
+    if hidden:
+        h = torch.randn(1, tokens, hidden).bfloat16().to(device).requires_grad_(True)
+        # logits ~ N(0, 16)
+        w = (torch.randn(vocab, hidden) * (4 / hidden ** 0.5)).bfloat16().to(device).requires_grad_(True)
+        return targets.to(device), [h, w]
+    logits = torch.randn(1, tokens + 1, vocab, dtype=torch.bfloat16).to(device)[:, :-1]
+    return targets.to(device), [logits.requires_grad_(True)]
+
+
+def _probe_forward(which, targets, leaves, hidden, cuda, chunk_elements):
+    """_peak_probe's forward of one path: (log-probs, entropy)."""
+    from cegppo_utils import logprobs
+    chunk = {} if chunk_elements is None else {"chunk_elements": chunk_elements}
+    if which == "fused":
+        return logprobs.hidden_logprobs_and_entropy(*leaves, targets, **chunk)
+    logits = (torch.nn.functional.linear(*leaves) if cuda else _HeadLinear.apply(*leaves)) if hidden else leaves[0]
+    if which == "naive":
+        logsm = torch.log_softmax(logits.float(), dim=-1)
+        logp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        return logp, -(logsm.exp() * logsm).sum(-1).detach()
+    return logprobs.token_logprobs_and_entropy(logits, targets, **chunk)
 
 
 def logprob_peak(which, vocab=151936, tokens=4096, chunk_elements=None, repeats=3, hidden=0, device="cpu"):
@@ -350,9 +363,11 @@ def bench_update_memory(response_tokens=16384, prompt_tokens=512):
 
 
 # --- update throughput: packed against padded micro-batches, against the hardware's limit --------------------------
-# One train.py update (stages 5 and 6: one mini-batch, one AdamW step) of a Qwen2 with random weights, gradient
-# checkpointing on, fused log-probs, through the attention the preset runs (attention.use: causal attention within each
-# sequence, varlen kernels on a GPU; --update-attn sdpa for transformers' own), on two draws of lengths, side by side:
+# train.py's whole update stage (stages 5 and 6 through its own functions: make_mini_batches, old_logprobs and
+# update_policy; `mini_batches` optimizer steps, the old log-probs' no-grad forward on every mini-batch after the first,
+# as train.py runs it: the preset's 8 on a GPU, 1 on a CPU) of a Qwen2 with random weights, fused log-probs, through
+# the attention the preset runs (attention.use: causal attention within each sequence, varlen kernels on a GPU;
+# --update-attn sdpa for transformers' own), on two draws of lengths, side by side:
 #   long_tailed    responses lognormal with median `median` and sigma 1 (mean ~1.65 x median), capped at `cap` (the
 #                  run's max response length; ~5% of responses at the defaults reach it, as truncated ones do), prompts
 #                  uniform in [prompt_min, prompt_max]
@@ -360,18 +375,26 @@ def bench_update_memory(response_tokens=16384, prompt_tokens=512):
 #                  + U[768, 1024] on a GPU): little padding to save, many sequences per packed row
 # Padded: micro-batches of `micro_batch` sequences (the preset's 4) padded to their longest; packed:
 # --micro-batch-tokens rows of `budget` tokens. The model FLOPs of an update, counted as an MFU counts them (the
-# recomputation of gradient checkpointing and the padding are not useful work, so not counted):
+# recomputation of gradient checkpointing, the padding and the embedding lookup are not counted):
 #   6 x (matmul parameters of the layers) x (prompt + response tokens)      linear layers, forward + backward
 #   + 6 x (LM head parameters) x (response tokens)                           the head runs on response positions only
 #   + 6 x layers x hidden x sum_i l_i^2                                       causal attention, QK^T and AV, l_i the
 #                                                                             sequence's length (2 l^2 d forward)
-# MFU = (FLOPs / seconds) / the device's matmul rate, measured here on the same device: a bf16 GEMM 8192^3 on a GPU,
-# an fp32 GEMM 2048^3 on a CPU (where the update runs in fp32: bf16 GEMMs are 10-100x slower without AVX512-BF16).
+#   + the same with 2 for 6 over the sequences of the old log-probs' forward (no backward)
+# The attention term under two conventions, each named in the output: "causal_halved" (this project's, above: the
+# masked half of each l x l product not counted) and "full_square" (torchtitan's and PaLM's: 12 x layers x hidden x l^2
+# for forward + backward, the whole square). The target is stated in the first: the packed update >= 40% of the card's
+# dense bf16 peak, attention causal-halved. MFU is also given against the device's matmul rate measured here: a bf16
+# GEMM 8192^3 on a GPU, an fp32 GEMM 2048^3 on a CPU (where the update runs in fp32: bf16 GEMMs are 10-100x slower
+# without AVX512-BF16).
 
 R1_DISTILL_1P5B = dict(QWEN25_1P5B, max_position_embeddings=131072, rope_theta=10000.0, rms_norm_eps=1e-6)
 # the CPU's scaled-down shape: 4 layers of hidden 256 (head dim 64, GQA 4:2), vocabulary 16,384, responses <= 2,048
 CPU_SHAPE = dict(hidden_size=256, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=16384, tie_word_embeddings=False, max_position_embeddings=4096)
+# how much of each sequence's l x l attention square is counted, per convention (the output's key suffixes)
+MFU_CONVENTIONS = {"causal_halved": 1, "full_square": 2}
+PRESET_MINI_BATCHES = 8  # the 1.5B preset's optimizer steps per step: train_prompts 128 / mini_batch_prompts 16
 
 
 def response_lengths(count, median, cap, seed=0):
@@ -380,18 +403,32 @@ def response_lengths(count, median, cap, seed=0):
             for _ in range(count)]
 
 
-def update_flops(config, lengths):
-    """lengths: [(prompt, response)] -> model FLOPs of one update (the formula above)."""
+def update_flops(config, lengths, forward_only=(), convention="causal_halved"):
+    """lengths: [(prompt, response)] trained (forward and backward); forward_only: [(prompt, response)] that also run
+    the old log-probs' no-grad forward -> model FLOPs of the update (the formula above), attention by `convention`."""
     d, layers = config["hidden_size"], config["num_hidden_layers"]
     kv = d * config["num_key_value_heads"] // config["num_attention_heads"]
     layer = d * (d + 2 * kv) + d * d + 3 * d * config["intermediate_size"]  # q, k, v, o; gate, up, down
-    head = config["vocab_size"] * d
-    tokens, responses = sum(p + r for p, r in lengths), sum(r for _, r in lengths)
-    return 6 * layers * layer * tokens + 6 * head * responses + 6 * layers * d * sum((p + r) ** 2 for p, r in lengths)
+    head, square = config["vocab_size"] * d, MFU_CONVENTIONS[convention]
+
+    def flops(seqs, per_parameter):  # 6 FLOPs per parameter and token forward and backward, 2 forward
+        tokens, responses = sum(p + r for p, r in seqs), sum(r for _, r in seqs)
+        return per_parameter * (layers * layer * tokens + head * responses
+                                + square * layers * d * sum((p + r) ** 2 for p, r in seqs))
+    return flops(lengths, 6) + flops(forward_only, 2)
 
 
+def mini_batch_split(lengths, mini_batches):
+    """The update's sequences in `mini_batches` consecutive mini-batches, as (trained, forward_only) lengths: every
+    mini-batch after the first also runs the old log-probs' forward (train.old_logprobs)."""
+    cut = [len(lengths) * k // mini_batches for k in range(mini_batches + 1)]
+    return lengths, [x for k in range(1, mini_batches) for x in lengths[cut[k]:cut[k + 1]]]
+
+
+@functools.cache
 def matmul_rate(device, seconds=3.0):
-    """FLOP/s of a large square GEMM: bf16 8192^3 on CUDA, fp32 2048^3 on a CPU (the best of several runs)."""
+    """FLOP/s of a large square GEMM: bf16 8192^3 on CUDA, fp32 2048^3 on a CPU (the best of several runs; once per
+    device and process)."""
     n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (2048, torch.float32)
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     best, start = 0.0, time.perf_counter()
@@ -405,28 +442,36 @@ def matmul_rate(device, seconds=3.0):
     return best
 
 
-def _timed_update(policy, seqs, args):
-    """One update (stages 5 and 6 as train.main runs them); seconds and, on CUDA, its peak memory."""
+def _timed_update(policy, seqs, args, mini_batches=1, host_syncs=False):
+    """train.py's update stage (stages 5 and 6 as train.main runs them: the sequences in `mini_batches` mini-batches,
+    the old log-probs of all but the first, one optimizer step each); seconds, micro-batches, and on CUDA its peak
+    memory. host_syncs: the packed rows without the layout pack() gave them, so every forward searches its position
+    ids for the sequences (nonzero, tolist) and transformers' packed-sequence check runs, as before that lever."""
     import train
     cuda = policy.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    minis = train.make_mini_batches(policy, [seqs], args.loss)
+    cut = [len(seqs) * k // mini_batches for k in range(mini_batches + 1)]
+    minis = train.make_mini_batches(policy, [seqs[a:b] for a, b in zip(cut, cut[1:])], args.loss)
+    for mb in (mb for mini in minis for mb in mini.micro if host_syncs and mb.packed is not None):
+        mb.packed = mb.packed._replace(layout=None)
     train.old_logprobs(policy, minis)
     train.update_policy(policy, minis, args.loss)
     if cuda:
         torch.cuda.synchronize()
-    return time.perf_counter() - start, len(minis[0].micro), torch.cuda.max_memory_allocated() if cuda else None
+    micro = sum(len(mini.micro) for mini in minis)
+    return time.perf_counter() - start, micro, torch.cuda.max_memory_allocated() if cuda else None
 
 
-def update_model(config, device, attn="preset", weights="fp32", liger=False, checkpointing=True):
-    """A Qwen2 of `config`, random weights (seed 0), fp32 on `device`, in train mode, with attn: "preset" (what
-    train.load_policy runs: attention.use) or a transformers attn_implementation; weights: "fp32" (moved whole: fp32
-    compute, or bf16 autocast over fp32 weights) or "bf16" (train.py's --precision bf16: FSDP2's mixed precision, bf16
-    compute copies of fp32 master weights); liger: Liger's kernels (models.use_liger, CUDA only); gradient
-    checkpointing: True (full, the GPU presets'), "selective" (models.enable_checkpointing) or False."""
+def update_model(config, device, attn="preset", weights="fp32", liger=False, checkpointing=True, every=1,
+                 compiled=False, one_process=False):
+    """A Qwen2 of `config`, random weights (seed 0), fp32 on `device`, in train mode, built as train.load_policy builds
+    it: attn "preset" (attention.use) or a transformers attn_implementation; weights "fp32" (moved whole: fp32 compute,
+    or bf16 autocast over fp32 weights) or "bf16" (--precision bf16: FSDP2's bf16 compute copies of fp32 masters;
+    one_process: --fsdp-one-process); liger: Liger's kernels (models.use_liger, CUDA only); checkpointing True (full,
+    the GPU presets'), "selective" or False, of every `every`-th layer; compiled: --compile-layers."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from cegppo_utils import attention, models
@@ -441,9 +486,29 @@ def update_model(config, device, attn="preset", weights="fp32", liger=False, che
     if liger:
         models.use_liger(model, device)
     if checkpointing:
-        models.enable_checkpointing(model, selective=checkpointing == "selective")
-    model = D.place_model(model, weights, device) if weights == "bf16" else model
+        models.enable_checkpointing(model, selective=checkpointing == "selective", every=every)
+    if compiled:
+        models.compile_layers(model)
+    model = D.place_model(model, weights, device, one_process=one_process) if weights == "bf16" else model
     return model.train()
+
+
+@contextlib.contextmanager
+def family_restored(module_name="transformers.models.qwen2.modeling_qwen2"):
+    """Within the block, the model family's module as it was afterwards: Liger replaces its rotary function and its
+    norm and MLP classes module-wide (and selective checkpointing its rotary function), which would reach every model
+    built after, a lever measured without them included."""
+    import importlib
+    module = importlib.import_module(module_name)
+    saved = dict(vars(module))
+    try:
+        yield
+    finally:
+        for name in [n for n in vars(module) if n not in saved]:
+            delattr(module, name)
+        for name, value in saved.items():
+            if vars(module).get(name) is not value:
+                setattr(module, name, value)
 
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' datasheets, TFLOP/s, by a name torch reports; the
@@ -499,9 +564,10 @@ def update_draws(cuda, sequences, median, cap, prompt_range, seed=2) -> dict:
     return {"long_tailed": long_tailed, "short_uniform": short_uniform}
 
 
-def alternating_updates(model, optimizer, device, seqs, layouts, repeats, micro_batch, budget) -> dict:
-    """{layout: [(seconds, micro-batches, peak bytes)] of `repeats` timed updates of `seqs`}: padded micro-batches of
-    `micro_batch` and packed rows of `budget` tokens in turn, after a warm-up round of each."""
+def alternating_updates(model, optimizer, device, seqs, layouts, repeats, micro_batch, budget, mini_batches=1,
+                        host_syncs=False) -> dict:
+    """{layout: [(seconds, micro-batches, peak bytes)] of `repeats` timed update stages of `seqs`}: padded micro-batches
+    of `micro_batch` and packed rows of `budget` tokens in turn, after a warm-up round of each."""
     import train
     from cegppo_utils import flags
     runs = {name: [] for name in layouts}
@@ -512,90 +578,127 @@ def alternating_updates(model, optimizer, device, seqs, layouts, repeats, micro_
             args = flags.resolve("r1-distill-1.5b", {"micro_batch_size": micro_batch, "micro_batch_tokens": tokens,
                                                      "precision": "bf16" if device.type == "cuda" else "fp32"})
             policy = train.make_policy(args, model, optimizer, pad_id=0, device=device, fused=True)
-            result = _timed_update(policy, seqs, args)
+            result = _timed_update(policy, seqs, args, mini_batches, host_syncs)
             if round_:  # the first round is warm-up
                 runs[name].append(result)
     return runs
 
 
+def _update_header(device, config, model, lengths, settings) -> dict:
+    """bench_update_throughput's description of what it times: the device, shape, precision, the kernels the built
+    model runs (read from it: models.kernels_in_use), the draws, and the rates it divides by."""
+    from cegppo_utils import models
+    cuda = device.type == "cuda"
+    name = torch.cuda.get_device_name() if cuda else cpu_model()
+    peak = dense_bf16_peak(name) if cuda else None
+    kernels = models.kernels_in_use(model)
+    weights, sequences, (low, high) = settings["weights"], settings["sequences"], settings["prompt_range"]
+    precision = ("bf16: FSDP2 mixed precision, fp32 master weights" if weights == "bf16" else
+                 "bf16 autocast over fp32 weights" if cuda else "fp32")
+    return {"device": name, "shape": "R1-Distill-Qwen-1.5B" if cuda else f"CPU_SHAPE {config}", "precision": precision,
+            "kernels": kernels, "liger": models.liger_in_use(kernels),
+            "gradient_checkpointing": kernels["checkpointing"],
+            "fsdp_one_process": settings["one_process"], "host_syncs": settings["host_syncs"],
+            "budget": settings["budget"], "micro_batch_size": settings["micro_batch"],
+            "mini_batches": settings["mini_batches"], "matmul_rate_tflops": matmul_rate(device) / 1e12,
+            "dense_bf16_peak_tflops": peak and peak / 1e12, "attention": model.config._attn_implementation,
+            "long_tailed_lengths": f"{sequences} sequences: prompts U[{low}, {high}], responses lognormal median "
+                                   f"{settings['median']} sigma 1 capped at {settings['cap']}",
+            "short_uniform_lengths": f"{4 * sequences} sequences: " + (
+                "prompts U[128, 256], responses U[768, 1024]" if cuda else "prompts U[16, 32], responses U[48, 64]"),
+            "mfu_target": "packed >= 40% of the dense bf16 peak, attention causal-halved (mfu_of_peak)"}
+
+
+def _draw_results(draw, lengths, runs, config, mini_batches, rate, peak) -> dict:
+    """One draw's rows: tokens, model FLOPs and MFU under both conventions (keys without a suffix: causal-halved;
+    `_full_square`: torchtitan's and PaLM's), per layout; packed against padded."""
+    trained, forward_only = mini_batch_split(lengths, mini_batches)
+    total = sum(p + r for p, r in lengths)
+    flops = {c: update_flops(config, trained, forward_only, c) for c in MFU_CONVENTIONS}
+    out = {f"{draw}_tokens": total, f"{draw}_model_flops": flops["causal_halved"],
+           f"{draw}_model_flops_full_square": flops["full_square"],
+           f"{draw}_response_mean": statistics.mean(r for _, r in lengths),
+           f"{draw}_response_max": max(r for _, r in lengths)}
+    for name, rs in runs.items():
+        seconds = statistics.median(r[0] for r in rs)
+        out.update({f"{draw}_{name}_s": seconds, f"{draw}_{name}_micro_batches": rs[0][1],
+                    f"{draw}_{name}_tokens_per_s": total / seconds, f"{draw}_{name}_runs_s": [r[0] for r in rs]})
+        for convention, suffix in (("causal_halved", ""), ("full_square", "_full_square")):
+            out[f"{draw}_{name}_mfu{suffix}"] = flops[convention] / seconds / rate
+            if peak:
+                out[f"{draw}_{name}_mfu_of_peak{suffix}"] = flops[convention] / seconds / peak
+        if rs[0][2] is not None:
+            out[f"{draw}_{name}_peak_gib"] = max(r[2] for r in rs) / 2**30
+    if len(runs) == 2:  # the median of the per-round ratios: a noisy machine slows both sides of a round alike
+        out[f"{draw}_packed_speedup"] = statistics.median(a[0] / b[0] for a, b in zip(runs["padded"], runs["packed"]))
+    return out
+
+
 def bench_update_throughput(device="cpu", sequences=16, median=None, cap=None, budget=None, micro_batch=4, repeats=3,
                             prompt_range=None, attn="preset", draws=("long_tailed", "short_uniform"), config=None,
-                            weights=None, liger=None, checkpointing=True, layouts=("padded", "packed")):
-    """Packed against padded updates on each draw, alternating (a warm-up update of each first); tokens/s and MFU of
-    each, against the card's dense bf16 peak (DENSE_BF16_PEAK_TFLOPS) and against a GEMM rate measured here; which
-    attention kernel ran, counted. CPU: the scaled-down CPU_SHAPE in fp32, responses median 192 capped at 2,048; CUDA:
-    R1-Distill-Qwen-1.5B's shape as train.py's --precision bf16 runs it (FSDP2's bf16 compute over fp32 master
-    weights, Liger's kernels; weights="fp32" and liger=False: bf16 autocast over fp32 weights, eager ops), median
-    3,000 capped at 16,384, budget 20,480 (the preset's 4,096-token prompt + 16,384 response). config: another model
-    shape (tests)."""
+                            weights=None, liger=None, checkpointing=True, layouts=("padded", "packed"),
+                            mini_batches=None, every=1, compiled=False, one_process=False, host_syncs=False):
+    """Packed against padded update stages on each draw, alternating (a warm-up of each first); tokens/s and MFU of
+    each, under both conventions, against the card's dense bf16 peak (DENSE_BF16_PEAK_TFLOPS) and a GEMM rate measured
+    here; the kernels the built model runs, read from it, and the attention kernel calls counted. CPU: CPU_SHAPE in
+    fp32, responses median 192 capped at 2,048, one mini-batch; CUDA: R1-Distill-Qwen-1.5B's shape as train.py's
+    --precision bf16 runs it (FSDP2's bf16 over fp32 masters, Liger's kernels; weights="fp32" and liger=False: bf16
+    autocast over fp32 weights, eager ops), median 3,000 capped at 16,384, budget 20,480 (the preset's 4,096-token
+    prompt + 16,384 response), the preset's 8 mini-batches. The levers (update_model, _timed_update): every,
+    compiled, one_process, host_syncs. config: another model shape (tests)."""
     device = torch.device(device)
     cuda = device.type == "cuda"
     if cuda and not torch.cuda.is_available():
         return {"skipped": "--device cuda but no CUDA GPU"}
     config = config or (R1_DISTILL_1P5B if cuda else CPU_SHAPE)
-    median, cap = median or (3000 if cuda else 192), cap or (16384 if cuda else 2048)
-    prompt_range = prompt_range or ((128, 1024) if cuda else (16, 128))
-    budget = budget or (20480 if cuda else 2048 + 128)
-    lengths = update_draws(cuda, sequences, median, cap, prompt_range)
-    weights, liger = weights or ("bf16" if cuda else "fp32"), cuda if liger is None else liger
-    model = update_model(config, device, attn, weights, liger, checkpointing)
+    settings = dict(median=median or (3000 if cuda else 192), cap=cap or (16384 if cuda else 2048),
+                    prompt_range=prompt_range or ((128, 1024) if cuda else (16, 128)), sequences=sequences,
+                    budget=budget or (20480 if cuda else 2048 + 128), weights=weights or ("bf16" if cuda else "fp32"),
+                    mini_batches=mini_batches or (PRESET_MINI_BATCHES if cuda else 1), micro_batch=micro_batch,
+                    one_process=one_process, host_syncs=host_syncs)
+    lengths = update_draws(cuda, sequences, settings["median"], settings["cap"], settings["prompt_range"])
+    model = update_model(config, device, attn, settings["weights"], cuda if liger is None else liger, checkpointing,
+                         every, compiled, one_process)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    rate = matmul_rate(device)
-    name = torch.cuda.get_device_name() if cuda else cpu_model()
-    peak = dense_bf16_peak(name) if cuda else None
-    precision = ("bf16: FSDP2 mixed precision, fp32 master weights" if weights == "bf16" else
-                 "bf16 autocast over fp32 weights" if cuda else "fp32")
-    out = {"device": name, "shape": "R1-Distill-Qwen-1.5B" if cuda else f"CPU_SHAPE {config}", "precision": precision,
-           "liger": liger, "gradient_checkpointing": checkpointing, "budget": budget, "micro_batch_size": micro_batch,
-           "matmul_rate_tflops": rate / 1e12, "dense_bf16_peak_tflops": peak and peak / 1e12,
-           "attention": model.config._attn_implementation,
-           "long_tailed_lengths": f"{sequences} sequences: prompts U[{prompt_range[0]}, {prompt_range[1]}], responses "
-                                  f"lognormal median {median} sigma 1 capped at {cap}",
-           "short_uniform_lengths": f"{4 * sequences} sequences: " + (
-               "prompts U[128, 256], responses U[768, 1024]" if cuda else "prompts U[16, 32], responses U[48, 64]")}
+    out = _update_header(device, config, model, lengths, settings)
+    peak = out["dense_bf16_peak_tflops"] and out["dense_bf16_peak_tflops"] * 1e12
     with counting_kernels() as kernels:
         for draw in draws:
             runs = alternating_updates(model, optimizer, device, random_sequences(config, lengths[draw]), layouts,
-                                       repeats, micro_batch, budget)
-            flops, total = update_flops(config, lengths[draw]), sum(p + r for p, r in lengths[draw])
-            out.update({f"{draw}_tokens": total, f"{draw}_model_flops": flops,
-                        f"{draw}_response_mean": statistics.mean(r for _, r in lengths[draw]),
-                        f"{draw}_response_max": max(r for _, r in lengths[draw])})
-            for name, rs in runs.items():
-                seconds = statistics.median(r[0] for r in rs)
-                out.update({f"{draw}_{name}_s": seconds, f"{draw}_{name}_micro_batches": rs[0][1],
-                            f"{draw}_{name}_tokens_per_s": total / seconds,
-                            f"{draw}_{name}_mfu": flops / seconds / rate, f"{draw}_{name}_runs_s": [r[0] for r in rs]})
-                if peak:
-                    out[f"{draw}_{name}_mfu_of_peak"] = flops / seconds / peak
-                if cuda:
-                    out[f"{draw}_{name}_peak_gib"] = max(r[2] for r in rs) / 2**30
-            if len(runs) == 2:  # the median of the per-round ratios: a noisy machine slows both sides of a round alike
-                out[f"{draw}_packed_speedup"] = statistics.median(a[0] / b[0]
-                                                                  for a, b in zip(runs["padded"], runs["packed"]))
+                                       repeats, micro_batch, settings["budget"], settings["mini_batches"], host_syncs)
+            out.update(_draw_results(draw, lengths[draw], runs, config, settings["mini_batches"], matmul_rate(device),
+                                     peak))
     out["attention_kernel_calls"] = dict(kernels)
     out["target"] = ("packed >= 2x padded tokens/s on long_tailed, >= 1x on short_uniform; GPU: the packed update "
-                     ">= 40% of the card's dense bf16 peak")
+                     ">= 40% of the card's dense bf16 peak, attention causal-halved")
     return out
 
 
-# The one-GPU update's levers, each on and off in one call: how the weights compute (bf16 autocast over fp32 weights,
-# as one process ran before; FSDP2's bf16 compute copies of fp32 masters, as train.py runs --precision bf16 now),
-# Liger's kernels, gradient checkpointing: full, selective (no GEMM recomputed) or off (packed rows only: the padded
-# micro-batch of 4 does not fit).
-UPDATE_LEVERS = (("fp32 weights, bf16 autocast", dict(weights="fp32", liger=False)),
-                 ("FSDP2 bf16", dict(weights="bf16", liger=False)),
-                 ("FSDP2 bf16 + Liger (the preset's path)", dict(weights="bf16", liger=True)),
-                 ("FSDP2 bf16 + Liger, selective checkpointing", dict(weights="bf16", liger=True,
-                                                                      checkpointing="selective")),
-                 ("FSDP2 bf16 + Liger, no checkpointing", dict(weights="bf16", liger=True, checkpointing=False,
-                                                               layouts=("packed",))))
+# The one-GPU update's levers, each on against the preset's path (FSDP2's bf16 over fp32 masters, Liger's kernels,
+# full checkpointing of every layer, packed rows given their layout by pack()), one setting changed per row (two in
+# the combined one): checkpointing selective (the corrected policy: the rotary on copies of q and k), of every other
+# layer, or off; the packed rows' layout searched again in every forward (the host syncs back: the off side of that
+# lever); FSDP2's one-process settings; the selective policy with those settings; compiled decoder layers with and
+# without Liger (last: they compile). Packed rows only (the presets pack), the whole update stage (the preset's 8
+# mini-batches, old log-probs included). Not here: a fused log-prob head kernel (Triton, not written: its gain was
+# never measured) and FlashAttention-3.
+UPDATE_LEVERS = (("the preset's path: FSDP2 bf16, Liger, full checkpointing", {}),
+                 ("selective checkpointing", dict(checkpointing="selective")),
+                 ("checkpointing every 2nd layer", dict(every=2)),
+                 ("checkpointing off", dict(checkpointing=False)),
+                 ("host syncs back (the layout searched per forward)", dict(host_syncs=True)),
+                 ("FSDP2 one-process settings", dict(one_process=True)),
+                 ("selective checkpointing + FSDP2 one-process settings", dict(checkpointing="selective",
+                                                                               one_process=True)),
+                 ("compiled layers, Liger off", dict(compiled=True, liger=False)),  # compiling: slowest, so last
+                 ("compiled layers, Liger on", dict(compiled=True)))
 
 
 def bench_update_levers(device="cuda", sequences=16, repeats=1):
-    """bench_update_throughput on the long-tailed draw at the 1.5B shape for each of UPDATE_LEVERS, one after another
-    in this process (each model freed before the next): tokens/s, MFU against the dense peak and the GEMM rate, peak
-    memory and the attention kernel that ran, per lever."""
+    """bench_update_throughput on the long-tailed draw at the 1.5B shape, packed, for each of UPDATE_LEVERS, one after
+    another in this process (each model freed, and the model family's module restored, before the next); a lever that
+    fails (out of memory, a compile error) is named with its error and the next runs. Each row is printed as it ends
+    (a run cut short keeps what it measured): tokens/s, MFU under both conventions, peak memory, the kernels."""
     import gc
     if torch.device(device).type != "cuda":
         return {"skipped": "GPU only (--device cuda): the levers are the one-GPU update's at the 1.5B shape"}
@@ -603,15 +706,30 @@ def bench_update_levers(device="cuda", sequences=16, repeats=1):
         return {"skipped": "--device cuda but no CUDA GPU"}
     out = {}
     for name, lever in UPDATE_LEVERS:
+        start = time.perf_counter()
         try:
-            out[name] = bench_update_throughput(device, sequences=sequences, repeats=repeats, draws=("long_tailed",),
-                                                **lever)
-        except torch.OutOfMemoryError as e:
-            out[name] = {"failed": f"out of memory: {str(e).splitlines()[0]}"}
+            with family_restored():
+                out[name] = bench_update_throughput(device, sequences=sequences, repeats=repeats, layouts=("packed",),
+                                                    draws=("long_tailed",), **lever)
+        except Exception as e:  # out of memory, a compile error: named, and the next lever runs
+            out[name] = {"failed": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"}
+        torch.compiler.reset()  # a compiled lever's graphs and guards do not carry into the next
         gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()
+        print(f"update_levers: {name}: {lever_line(out[name])} ({time.perf_counter() - start:.0f} s)", flush=True)
     return out
+
+
+def lever_line(result: dict) -> str:
+    """One lever's result in a line: tokens/s, MFU of the peak under both conventions, peak memory, the kernels."""
+    if "long_tailed_packed_tokens_per_s" not in result:
+        return result.get("failed") or result.get("skipped", "no result")
+    k = result["kernels"]
+    return (f"{result['long_tailed_packed_tokens_per_s']:,.0f} tok/s, MFU of peak "
+            f"{100 * (result.get('long_tailed_packed_mfu_of_peak') or 0):.1f}% causal-halved / "
+            f"{100 * (result.get('long_tailed_packed_mfu_of_peak_full_square') or 0):.1f}% full-square, peak "
+            f"{result['long_tailed_packed_peak_gib']:.1f} GiB; {k['checkpointing']}; rope {k['rope']}; "
+            f"compiled {k['compiled_layers']}; liger {result['liger']}")
 
 
 # --- reward -----------------------------------------------------------------------------------
@@ -866,8 +984,22 @@ def _trl_worker(spec):
             if marks and logs and "completions/mean_length" in logs:
                 marks[-1]["response_len"] = logs["completions/mean_length"]
 
+    trainer = trl.GRPOTrainer(model=path, reward_funcs=arith_reward, args=_trl_config(spec), train_dataset=dataset,
+                              callbacks=[StepClock()])
+    # phase clocks around TRL's own stages: generation, scoring, and generation+scoring+advantages as a whole
+    trainer._generate_single_turn = timed(trainer._generate_single_turn, "sample_s")
+    trainer._generate_and_score_completions = timed(trainer._generate_and_score_completions, "rollout_s")
+    trainer.reward_funcs[0] = timed(trainer.reward_funcs[0], "score_s")
+    trainer.train()
+    with open(spec["result"], "w") as f:
+        json.dump(marks, f)
+
+
+def _trl_config(spec):
+    """TRL's GRPOConfig for the step section's shape, set as train.py runs (bench_step's STEP_DIFFERENCES)."""
+    import trl
     on_gpu = torch.cuda.is_available()
-    config = trl.GRPOConfig(
+    return trl.GRPOConfig(
         output_dir=spec["output_dir"], use_cpu=not on_gpu, bf16=False, fp16=False,
         gradient_checkpointing=spec["model"] != "tiny",
         model_init_kwargs={"dtype": "float32"}, use_vllm=spec["use_vllm"], vllm_mode="colocate",
@@ -881,15 +1013,6 @@ def _trl_worker(spec):
         optim="adamw_torch", seed=0, shuffle_dataset=False, max_steps=spec["steps"],
         logging_steps=1, save_strategy="no", report_to="none",
     )
-    trainer = trl.GRPOTrainer(model=path, reward_funcs=arith_reward, args=config, train_dataset=dataset,
-                              callbacks=[StepClock()])
-    # phase clocks around TRL's own stages: generation, scoring, and generation+scoring+advantages as a whole
-    trainer._generate_single_turn = timed(trainer._generate_single_turn, "sample_s")
-    trainer._generate_and_score_completions = timed(trainer._generate_and_score_completions, "rollout_s")
-    trainer.reward_funcs[0] = timed(trainer.reward_funcs[0], "score_s")
-    trainer.train()
-    with open(spec["result"], "w") as f:
-        json.dump(marks, f)
 
 
 def bench_step(steps=5, repeats=5, prompts=32, n=8, max_tokens=48, micro_batch=32, lr=1e-4, model="tiny", min_tokens=0):
@@ -926,6 +1049,31 @@ def bench_step(steps=5, repeats=5, prompts=32, n=8, max_tokens=48, micro_batch=3
            "min_tokens": min_tokens,
            "micro_batch": micro_batch, "lr": lr, "steps_per_run": steps, "runs": repeats,
            "measured_steps_per_run": steps - 1}
+    out.update(_step_medians(per_step, prompts * n))
+    if "ours_hf_s_median" in out and "trl_hf_s_median" in out:
+        out["speedup_same_engine"] = out["trl_hf_s_median"] / out["ours_hf_s_median"]
+        out["speedup_same_engine_target"] = ">= 1.3 (ours HF generate vs TRL HF generate)"
+    if "ours_vllm_s_median" in out and "trl_hf_s_median" in out:
+        trl_best = min(out["trl_hf_s_median"], out.get("trl_vllm_s_median", float("inf")))
+        out["speedup_best_engine"] = trl_best / out["ours_vllm_s_median"]
+        out["speedup_best_engine_target"] = ">= 2 (ours vLLM vs TRL on its faster engine)"
+    if not have_trl:
+        out["trl"] = "not installed: pip install -r requirements-bench.txt (ours only)"
+    else:
+        out["differences"] = STEP_DIFFERENCES
+        if "trl_vllm_s_median" not in out:
+            out["trl_vllm"] = TRL_VLLM_NOTE
+    for name, message in errors.items():
+        out[f"{name}_error"] = message.splitlines()[0] if message else "failed"
+    out["load_avg_1min_max"] = max(loads)
+    out["raw_steps"] = per_step
+    return out
+
+
+def _step_medians(per_step, completions) -> dict:
+    """bench_step's figures per runner: seconds per step (median, min, max), each phase's median, the time no phase
+    clock covers, the mean response length and tokens/s."""
+    out = {}
     for name, records in per_step.items():
         if not records:
             continue
@@ -944,24 +1092,7 @@ def bench_step(steps=5, repeats=5, prompts=32, n=8, max_tokens=48, micro_batch=3
         lengths = [r["response_len"] for r in records if r.get("response_len") is not None]
         if lengths:
             out[f"{name}_response_len"] = statistics.mean(lengths)
-            out[f"{name}_tokens_per_s"] = prompts * n * out[f"{name}_response_len"] / out[f"{name}_s_median"]
-    if "ours_hf_s_median" in out and "trl_hf_s_median" in out:
-        out["speedup_same_engine"] = out["trl_hf_s_median"] / out["ours_hf_s_median"]
-        out["speedup_same_engine_target"] = ">= 1.3 (ours HF generate vs TRL HF generate)"
-    if "ours_vllm_s_median" in out and "trl_hf_s_median" in out:
-        trl_best = min(out["trl_hf_s_median"], out.get("trl_vllm_s_median", float("inf")))
-        out["speedup_best_engine"] = trl_best / out["ours_vllm_s_median"]
-        out["speedup_best_engine_target"] = ">= 2 (ours vLLM vs TRL on its faster engine)"
-    if not have_trl:
-        out["trl"] = "not installed: pip install -r requirements-bench.txt (ours only)"
-    else:
-        out["differences"] = STEP_DIFFERENCES
-        if "trl_vllm_s_median" not in out:
-            out["trl_vllm"] = TRL_VLLM_NOTE
-    for name, message in errors.items():
-        out[f"{name}_error"] = message.splitlines()[0] if message else "failed"
-    out["load_avg_1min_max"] = max(loads)
-    out["raw_steps"] = per_step
+            out[f"{name}_tokens_per_s"] = completions * out[f"{name}_response_len"] / out[f"{name}_s_median"]
     return out
 
 
@@ -984,8 +1115,8 @@ def cpu_model():
         return platform.processor() or platform.machine()
 
 
-# The sections `python -m tools.bench` runs without --only: every one but update_levers, which times five updates at
-# the 1.5B shape on a GPU (the GPU rows come from runs that name their sections: docs/performance.md).
+# The sections `python -m tools.bench` runs without --only: every one but update_levers, which times nine update stages
+# at the 1.5B shape on a GPU (the GPU rows come from runs that name their sections: docs/performance.md).
 DEFAULT_SECTIONS = [name for name in SECTIONS if name != "update_levers"]
 
 

@@ -384,6 +384,7 @@ def test_only_rank_0_looks_at_the_run_folder_and_every_rank_gets_its_verdict(tmp
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "metrics.jsonl").write_text('{"step": 1}\n')
+    (busy / ".ce-gppo-run").write_text("")  # a run's own folder (the marker), not a foreign one
     script, out = tmp_path / "race_worker.py", tmp_path / "said"
     script.write_text(RACE_WORKER.format(folder=str(tmp_path / "run"), busy=str(busy), out=str(out)))
     torchrun(3, str(script), timeout=300)

@@ -183,15 +183,17 @@ def test_a_packed_row_under_another_attention_finds_its_sequences_itself():
 
 # --- FSDP2's settings for one process ------------------------------------------------------------------------------
 
-def test_fsdp_one_process_settings_give_the_same_update():
+def test_fsdp_one_process_settings_give_the_same_update(monkeypatch):
     """--fsdp-one-process (bf16, one process): the decoder layers keep their gathered bf16 weights from forward to
     backward and FSDP2 divides nothing; one update (old log-probs, two mini-batches, two AdamW steps, packed) gives
-    the parameters of the update without them, bit for bit."""
+    the parameters of the update without them, bit for bit. Under FSDP2 too the packed rows reach attention with the
+    layout pack() gave them (no forward searches for it)."""
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
 
     from cegppo_utils import distributed as D
     from cegppo_utils import flags
+    monkeypatch.setattr(attention, "layout", lambda *a: pytest.fail("a forward searched for the sequences"))
     args = flags.resolve("tiny", {"micro_batch_tokens": 64, "precision": "bf16", "lr": 1e-2})
     seqs, weights = sequences(), {}
     try:

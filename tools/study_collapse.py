@@ -70,12 +70,17 @@ def final_acc(run):
     return evals[-1]["eval_acc"] if evals else None
 
 
+def window_means(run) -> dict:
+    """{s: the mean training accuracy over steps s..s+9}, for every s >= 11 whose window the run reached, in order."""
+    acc = [r["acc_mean"] for r in step_rows(run)]
+    return {s: sum(acc[s - 1:s - 1 + WINDOW]) / WINDOW for s in range(AFTER, len(acc) - WINDOW + 2)}
+
+
 def onset(run) -> int | None:
     """The first step s >= 11 whose 10 steps s..s+9 average a training accuracy below 5%; STEPS when only the final
     avg@8 rule holds; None for a run that did not collapse."""
-    acc = [r["acc_mean"] for r in step_rows(run)]
-    for s in range(AFTER, len(acc) - WINDOW + 2):
-        if sum(acc[s - 1:s - 1 + WINDOW]) / WINDOW < FLOOR:
+    for s, mean in window_means(run).items():
+        if mean < FLOOR:
             return s
     final = final_acc(run)
     return STEPS if final is not None and final < FINAL_FLOOR else None

@@ -17,6 +17,7 @@ import os
 from cegppo_utils import cli
 from cegppo_utils.data import UserError
 from tools import study_json
+from tools.configs import CONFIGS, STABILITY_ARMS
 from tools.stats import (
     auc,
     auc_bootstrap_ci,
@@ -31,19 +32,30 @@ from tools.stats import (
     slope_ci,
     t_test_p,
 )
-from tools.study_collapse import entropy_contrast, final_acc, mean_over, onset, step_rows, value_problem, write
+from tools.study_collapse import (  # the third study's run length, windows and collapse: the same here
+    STEPS,
+    entropy_contrast,
+    final_acc,
+    finished,
+    incidence,
+    mean_over,
+    onset,
+    step_rows,
+    value_problem,
+    window_means,
+    write,
+)
 from tools.study_json import configurations, load_study
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JSON = os.path.join(ROOT, "docs", "figures", "study-stability.json")
 FIGURES = os.path.join(ROOT, "docs", "figures", "study-stability")
-STEPS, WINDOW, AFTER = 200, 10, 11  # run length; P2: the lowest mean over WINDOW steps starting at s >= AFTER
 ALPHA = 0.05
 DOSE_STEPS, DOSE_THRESHOLD = 19, 0.0013  # the prediction: a run collapses when its mean dose over steps 1-19 > 0.13%
 MARGIN = -0.10  # family 2: "removes" needs the ratio-aware arm's P1 interval against the control above -10 points
-BETA1 = {"ce_gppo_0.5_1": 0.5, "ce_gppo_1_1": 1.0, "ce_gppo_0.5_1_lr1e-4": 0.5, "ce_gppo_0.5_1_lr5e-5": 0.5,
-         "ce_gppo_0.5_1_u2_lr8e-4": 0.5, "ce_gppo_1_1_ratio": 1.0, "ce_gppo_0.5_1_ratio": 0.5,
-         "ce_gppo_0.5_1_nll": 0.5, "ce_gppo_0.5_1_oversample": 0.5}  # the arms with a beta1 region that trains
+# the arms with a beta1 region that trains, and their beta1, read from the flags they ran with (tools/configs.py)
+BETA1 = {a: float(CONFIGS[a][CONFIGS[a].index("--beta1") + 1]) for a in STABILITY_ARMS}
+BETA1 = {a: b for a, b in BETA1.items() if b > 0}
 CELLS = [("lr 2e-4, 8 steps", "ce_gppo_0.5_1", "ppo_clip_tm", 2e-4), ("lr 1e-4, 8 steps", "ce_gppo_0.5_1_lr1e-4",
          "ppo_clip_tm_lr1e-4", 1e-4), ("lr 5e-5, 8 steps", "ce_gppo_0.5_1_lr5e-5", "ppo_clip_tm_lr5e-5", 5e-5),
          ("lr 8e-4, 2 steps", "ce_gppo_0.5_1_u2_lr8e-4", "ppo_clip_tm_u2_lr8e-4", 8e-4)]
@@ -61,15 +73,10 @@ ENDPOINTS = {"P1": "final avg@8", "P2": "lowest 10-step training accuracy"}
 
 # --- one run -------------------------------------------------------------------------------------------------------
 
-def finished(runs: dict) -> dict:
-    return study_json.finished_runs(runs, STEPS)
-
-
 def lowest_accuracy(run) -> float | None:
     """P2: the lowest mean acc_mean over steps s..s+9, s >= 11 (None for a run without such a window)."""
-    acc = [r["acc_mean"] for r in step_rows(run)]
-    means = [sum(acc[s - 1:s - 1 + WINDOW]) / WINDOW for s in range(AFTER, len(acc) - WINDOW + 2)]
-    return min(means) if means else None
+    means = window_means(run)
+    return min(means.values()) if means else None
 
 
 def endpoint(run, name: str):
@@ -113,11 +120,6 @@ def family_rows(study: dict, tests) -> list[dict]:
         r["verdict"] = ("too few pairs" if "p" not in r else "holds" if reject
                         else "holds uncorrected only" if r["p"] <= ALPHA else "not shown")
     return rows
-
-
-def incidence(runs: dict) -> tuple[int, int]:
-    runs = finished(runs)
-    return sum(onset(r) is not None for r in runs.values()), len(runs)
 
 
 # --- family 4: what sets it ---------------------------------------------------------------------------------------

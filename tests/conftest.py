@@ -1,5 +1,6 @@
 # Shares the tiny model and vLLM engines between tests, and runs train.py's stages the way its main does. The
 # repository root is on the import path through pyproject.toml (pytest's `pythonpath`).
+import fcntl
 import json
 import os
 
@@ -8,11 +9,30 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (`-n 2`) each worker, and each script it starts, computes on one thread: the tiny model's
+    work is too small to gain from a second thread, and two workers with two threads each would fight over the
+    cores. Set before torch is imported, which reads it once."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path():
-    """The warm-started tiny model, built once into .cache/ (about 1.5 min on 2 AMD EPYC cores) and reused."""
+    """The warm-started tiny model, built once into .cache/ (about 1.5 min on 2 AMD EPYC cores) and reused. One
+    worker builds it on every core while the others wait on the lock, then find it built."""
+    import torch
+
     from cegppo_utils import tiny
-    return tiny.ensure_tiny_model()
+    os.makedirs(tiny.DEFAULT_CACHE, exist_ok=True)
+    with open(os.path.join(tiny.DEFAULT_CACHE, ".build.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(os.cpu_count() or 1)
+        try:
+            return tiny.ensure_tiny_model()
+        finally:
+            torch.set_num_threads(threads)
 
 
 def few_problems(folder, count=4):

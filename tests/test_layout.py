@@ -28,3 +28,12 @@ def test_the_helpers_import_nothing_from_the_scripts_or_the_tools_above_them():
     found = {os.path.relpath(p, ROOT): sorted(imported_modules(p) & ABOVE) for p in helpers}
     assert {name: above for name, above in found.items() if above} == {}
     assert {"loss", "reward"} <= set().union(*(imported_modules(p) for p in helpers))  # the floor is seen: a live check
+
+
+def test_ci_runs_the_readme_test_command():
+    """CI must call the quick start's test command itself, whatever README says it is today."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    block = readme.split("## Quick start", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    command = [line.split("#", 1)[0].strip() for line in block.strip().splitlines()][1]
+    assert command.startswith("bash setup.sh && ") and "pytest" in command, command
+    assert command in open(os.path.join(ROOT, ".ci", "run")).read()

@@ -339,10 +339,14 @@ def shown_section(study: dict) -> list[str]:
         e = entropy_contrast(study, arm, against)
         calm = [final_acc(x) - final_acc(y) for _, x, y in pairs(study, arm, against)
                 if onset(x) is None and onset(y) is None]
-        ent = "n/a" if e is None else f"{e['mean']:+.4f} [{e['lo']:+.4f}, {e['hi']:+.4f}] ({e['n']} pairs)"
-        cost = "n/a (no such pair)" if not calm else f"{points(sum(calm) / len(calm))} ({len(calm)} pairs)"
+        ent = "n/a" if e is None else f"{e['mean']:+.4f} [{e['lo']:+.4f}, {e['hi']:+.4f}] ({count_pairs(e['n'])})"
+        cost = "n/a (no such pair)" if not calm else f"{points(sum(calm) / len(calm))} ({count_pairs(len(calm))})"
         out.append(f"| `{arm}` | `{against}` | {ent} | {cost} |")
     return out + [""]
+
+
+def count_pairs(n: int) -> str:
+    return f"{n} pair" if n == 1 else f"{n} pairs"
 
 
 def verdicts_page(study: dict) -> str:

@@ -3,7 +3,9 @@ line and exit code 2, a field's one-line doc as its help, booleans as --x / --no
 answered with the flag they most likely mean."""
 
 import argparse
+import functools
 import inspect
+import types
 
 import loss as L
 from cegppo_utils import runfolder as RF
@@ -55,10 +57,12 @@ def dash_flags(argv):
     return out
 
 
+@functools.cache  # inspect.getsource parses the whole module: read each dataclass once per process
 def field_docs(cls) -> dict:
     """{field: (its --help group, its one-line doc)}, read from a dataclass's source: the comment beside each field
     (with the comment lines right below it, indented deeper than the field, that carry on a long one), and the
-    `# --- group` comment above it ("algorithm" for LossConfig, which has none)."""
+    `# --- group` comment above it ("algorithm" for LossConfig, which has none). Read-only: one copy serves every
+    call."""
     docs, group, last = {}, "algorithm", None  # last: (the field whose comment may go on, its indent)
     for source_line in inspect.getsource(cls).splitlines():
         line = source_line.strip()
@@ -73,7 +77,7 @@ def field_docs(cls) -> dict:
         elif ":" in line and "#" in line and not line.startswith("#"):
             docs[line.split(":")[0]] = (group, line.split("#", 1)[1].strip())
             last = (line.split(":")[0], indent)
-    return docs
+    return types.MappingProxyType(docs)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

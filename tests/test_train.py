@@ -129,7 +129,9 @@ def test_loop_state_round_trips_and_reads_an_older_checkpoint():
 def test_checkpoints_come_at_save_first_then_every_save_every_and_at_the_end():
     """The first checkpoint comes early (step 5 by default: a stop in the first minutes loses little), then every
     --save-every steps and at the last step."""
-    saved = lambda argv: [s for s in range(1, 101) if train.saves_at(parse_train_args(argv), s)]  # noqa: E731
+    def saved(argv):
+        args = parse_train_args(argv)
+        return [s for s in range(1, 101) if train.saves_at(args, s)]
     assert saved([]) == [5, 25, 50, 75, 100]
     assert saved(["--save-first", "0"]) == [25, 50, 75, 100]
     assert saved(["--save-first", "2", "--save-every", "40", "--max-steps", "90"]) == [2, 40, 80, 90]

@@ -109,7 +109,8 @@ def main(args: Args):
     # the step whose policy final/ holds goes inside it: the finished-run answer reads it (runfolder.finished_step)
     final = RF.save_final(args.output_dir, policy.model, run.tokenizer, step=run.loop.step)
     if D.is_main():
-        plot.draw_run(args.output_dir, os.path.join(args.output_dir, "curves.png"))
+        if args.curves:
+            plot.draw_run(args.output_dir, os.path.join(args.output_dir, "curves.png"))
         run.log("\n".join(plot.run_summary(RF.read_jsonl(run.metrics_path), args.output_dir, final, run.first_step)))
     if D.world_size() > 1:
         run.sampler.close()  # vLLM's teardown destroys its groups, and with external_launcher the default one too

@@ -134,6 +134,8 @@ class Args:
                                     # step 0 (off under --eval-every 0 unless given)
     log_samples_every: int = L.option(10, AT_LEAST_0)  # write a few prompts with their completions
                                                        # to samples.jsonl every N steps; 0 = never
+    curves: bool = True  # draw OUTPUT_DIR/curves.png at the end (about 2 s of matplotlib);
+                         # `python -m cegppo_utils.plot RUN` draws it any time
     run_name: str = ""  # name for tensorboard / wandb; empty = the output folder's name
     tensorboard: bool = False  # also log to tensorboard (requirements-logging.txt; the error says how to install it)
     wandb: bool = False  # also log to Weights & Biases (requirements-logging.txt; the error says how to install it)

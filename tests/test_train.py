@@ -18,7 +18,7 @@ from cegppo_utils import data, runfolder
 
 # A few-second step: 8 prompts x 4 responses, two optimizer steps per rollout batch.
 SMALL = ["--preset", "tiny", "--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "4", "--n", "4",
-         "--micro-batch-size", "8", "--eval-every", "0", "--lr", "1e-4"]
+         "--micro-batch-size", "8", "--eval-every", "0", "--lr", "1e-4", "--no-curves"]  # the figure: 2 s a run
 FIELDS = ["step", "reward_mean", "acc_mean", "entropy", "clip_frac_low_neg", "clip_frac_high_pos", "clip_frac_low_pos",
           "clip_frac_high_neg", "dual_clip_frac", "approx_kl", "grad_norm", "lr", "response_length_mean",
           "response_length_max", "truncated_frac", "kept_group_frac", "time_rollout_s", "time_reward_s",
@@ -45,7 +45,7 @@ def final_state(output_dir):
 @pytest.mark.slow
 def test_end_to_end_and_exact_resume(tmp_path, tiny_model_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    out = run_train(straight, "--max-steps", "4", "--save-every", "2", "--log-samples-every", "2")
+    out = run_train(straight, "--max-steps", "4", "--save-every", "2", "--log-samples-every", "2", "--curves")
     rows = read_metrics(straight)
     # what a researcher sees and keeps: the resolved flags, sample completions, curves, a summary at the end
     config = json.loads((straight / "config.json").read_text())
@@ -75,8 +75,10 @@ def test_end_to_end_and_exact_resume(tmp_path, tiny_model_path):
     shutil.copytree(straight, resumed)
     shutil.rmtree(resumed / "checkpoints" / "step_000004")
     shutil.rmtree(resumed / "final")
+    (resumed / "curves.png").unlink()
     run_train(resumed, "--max-steps", "4", "--save-every", "2", "--resume")
     assert [r["step"] for r in read_metrics(resumed)] == [1, 2, 3, 4]  # no duplicated rows
+    assert not (resumed / "curves.png").exists()  # SMALL's --no-curves, which a resume may change
     with open(resumed / "metrics.discarded.jsonl") as f:
         assert [json.loads(line)["step"] for line in f] == [3, 4]  # the orphaned rows are kept aside, not lost
     again = final_state(resumed)

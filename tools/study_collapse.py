@@ -232,6 +232,16 @@ def arms_table(study: dict, arms) -> str:
     return "\n".join(lines)
 
 
+def paired_entropy(e: dict | None) -> str:
+    """An entropy_contrast in a table's cell: its mean, its interval where there are two pairs or more, and the
+    number of pairs."""
+    if e is None:
+        return "n/a"
+    if e["n"] == 1:
+        return f"{e['mean']:+.4f} (1 pair)"  # one pair has no interval
+    return f"{e['mean']:+.4f} [{e['lo']:+.4f}, {e['hi']:+.4f}] ({e['n']} pairs)"
+
+
 def family_section(study: dict, name: str, tests) -> list[str]:
     """One family's table: each test's incidences, raw and Holm-adjusted p, verdict and the entropy contrast."""
     out = [f"## {name}", "", "| arm | collapsed | against | collapsed | difference in rate [95% CI, Newcombe] | "
@@ -239,8 +249,7 @@ def family_section(study: dict, name: str, tests) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|"]
     for r in family_rows(study, tests):
         e = entropy_contrast(study, r["arm"], r["against"])
-        ent = ("n/a" if e is None else f"{e['mean']:+.4f} (1 pair)" if e["n"] == 1 else
-               f"{e['mean']:+.4f} [{e['lo']:+.4f}, {e['hi']:+.4f}] ({e['n']} pairs)")
+        ent = paired_entropy(e)
         p = "n/a" if r["p"] is None else f"{r['p']:.3g}"
         h = "n/a" if r["holm"] is None else f"{r['holm']:.3g}"
         diff = "n/a" if not (r["n1"] and r["n2"]) else "{:+.1%} [{:+.1%}, {:+.1%}]".format(

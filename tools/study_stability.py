@@ -40,6 +40,7 @@ from tools.study_collapse import (  # the third study's run length, windows and 
     incidence,
     mean_over,
     onset,
+    paired_entropy,
     step_rows,
     value_problem,
     window_means,
@@ -339,7 +340,7 @@ def shown_section(study: dict) -> list[str]:
         e = entropy_contrast(study, arm, against)
         calm = [final_acc(x) - final_acc(y) for _, x, y in pairs(study, arm, against)
                 if onset(x) is None and onset(y) is None]
-        ent = "n/a" if e is None else f"{e['mean']:+.4f} [{e['lo']:+.4f}, {e['hi']:+.4f}] ({count_pairs(e['n'])})"
+        ent = paired_entropy(e)
         cost = "n/a (no such pair)" if not calm else f"{points(sum(calm) / len(calm))} ({count_pairs(len(calm))})"
         out.append(f"| `{arm}` | `{against}` | {ent} | {cost} |")
     return out + [""]

@@ -17,13 +17,6 @@ def pytest_configure(config):
         os.environ["OMP_NUM_THREADS"] = "1"
 
 
-def pytest_collection_modifyitems(items):
-    """The tests that need the tiny model first, in their order, then the rest: under `--dist worksteal` the first
-    worker starts building the model at once (the longest single task, 1.3-4.4 min by the CPU) while the second
-    starts on the other end of the list, tests that need no model, instead of waiting on the lock."""
-    items.sort(key=lambda item: "tiny_model_path" not in item.fixturenames)
-
-
 @pytest.fixture(scope="session")
 def tiny_model_path():
     """The warm-started tiny model, built once into .cache/ (about 1.5 min on 2 AMD EPYC cores) and reused. One

@@ -9,6 +9,7 @@ zero reward variance, and RL has nothing to learn from. A short SFT on worked ex
 around 10-60%, where CE-GPPO's updates visibly move it.
 """
 
+import fcntl
 import hashlib
 import json
 import os
@@ -197,14 +198,25 @@ def ensure_tiny_model(cache_dir: str = DEFAULT_CACHE, cfg: TinyConfig | None = N
 
 def _cached(path, cfg, build, what, log):
     """The model folder at `path`, built (build() -> model, tokenizer) on first use. Written to a temporary folder
-    and renamed into place, so an interrupted build never leaves a half model."""
-    if os.path.exists(os.path.join(path, "config.json")):
-        log(f"{what}: using the cached warm-started model in {path}")
-        return path
+    and renamed into place, so an interrupted build never leaves a half model. One process builds it at a time: a
+    second (two runs started at once on a fresh checkout, two test workers) waits on `path`.lock, then finds it
+    built."""
+    config = os.path.join(path, "config.json")
+    if not os.path.exists(config):  # looked at before the lock: a cache this user cannot write to still serves
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(f"{path}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when this process dies
+            if not os.path.exists(config):
+                return _build_into(path, cfg, build, what, log)
+    log(f"{what}: using the cached warm-started model in {path}")
+    return path
+
+
+def _build_into(path, cfg, build, what, log):
+    """build()'s model and tokenizer saved whole: into a folder of this process's, then renamed to path."""
     model, tokenizer = build()
     import transformers
     transformers.utils.logging.disable_progress_bar()  # a one-file "Writing model shards" bar says nothing
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)

@@ -1,6 +1,5 @@
 # Shares the tiny model and vLLM engines between tests, and runs train.py's stages the way its main does. The
 # repository root is on the import path through pyproject.toml (pytest's `pythonpath`).
-import fcntl
 import json
 import os
 
@@ -20,19 +19,17 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def tiny_model_path():
     """The warm-started tiny model, built once into .cache/ (about 1.5 min on 2 AMD EPYC cores) and reused. One
-    worker builds it on every core while the others wait on the lock, then find it built."""
+    worker builds it on every core, as train.py would, while the others wait on its lock (tiny.py), then find it
+    built."""
     import torch
 
     from cegppo_utils import tiny
-    os.makedirs(tiny.DEFAULT_CACHE, exist_ok=True)
-    with open(os.path.join(tiny.DEFAULT_CACHE, ".build.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(os.cpu_count() or 1)
-        try:
-            return tiny.ensure_tiny_model()
-        finally:
-            torch.set_num_threads(threads)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        return tiny.ensure_tiny_model()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def few_problems(folder, count=4):

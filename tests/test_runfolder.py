@@ -436,7 +436,7 @@ def test_ctrl_c_ends_in_the_command_that_resumes_exactly_from_the_early_checkpoi
 def test_sigterm_ends_like_ctrl_c_and_resume_goes_on(tmp_path, tiny_model_path):
     """SIGTERM (kill, a scheduler's preemption) while step 3 samples: one line naming the checkpoint kept and the
     command that goes on, exit 1 (it was exit 143 and nothing said), the lock released; --resume then finishes the
-    run. It asks for the tiny model so that its train.py never builds a second one beside the suite's."""
+    run. It asks for the tiny model its train.py trains on, as every test that trains does."""
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "train.py", *FAST, "--output-dir", str(out)], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "TRAIN_TERMINATE_AT": "sampling:3"})

@@ -1,5 +1,6 @@
 """The offline tasks' data and verifier, splits, worked solutions, lengths; and a small warm start rebuilt twice."""
 
+import os
 import re
 
 import pytest
@@ -121,3 +122,41 @@ def test_a_warm_start_rebuilt_has_the_same_weights(tmp_path):
         model.get_parameter("lm_head.weight")[0, 0] += 1e-7
         model.save_pretrained(tmp_path / "c")
     assert models.weights_hash(str(tmp_path / "c")) != models.weights_hash(first)
+
+
+def test_two_processes_asking_for_a_model_at_once_build_it_once(tmp_path):
+    """Two runs started together on a fresh checkout: the second waits on the first's lock and finds the model built,
+    instead of spending minutes building a copy of its own. (flock locks an open file, so two threads of one process
+    exclude each other as two processes would.)"""
+    import threading
+    builds, started, go = [], threading.Event(), threading.Event()
+
+    class Saved:  # what build() returns: a model and a tokenizer, each saved into the folder it is given
+        def save_pretrained(self, folder):
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, "config.json"), "w") as f:
+                f.write("{}")
+
+    def build():
+        builds.append(threading.current_thread().name)
+        started.set()
+        assert go.wait(10)  # the second caller arrives while this build is under way
+        return Saved(), Saved()
+
+    path, said = str(tmp_path / "cache" / "model"), []
+
+    def ask():
+        said.append(tiny._cached(path, tiny.TinyConfig(), build, "test model", log=said.append))
+    first = threading.Thread(target=ask, name="first")
+    first.start()
+    assert started.wait(10)
+    second = threading.Thread(target=ask, name="second")
+    second.start()
+    second.join(0.5)
+    assert second.is_alive()  # waiting on the lock, not building
+    go.set()
+    first.join(10)
+    second.join(10)
+    assert builds == ["first"] and said.count(path) == 2
+    assert f"test model: saved to {path}" in said
+    assert f"test model: using the cached warm-started model in {path}" in said

@@ -131,6 +131,11 @@ def tokens_of(key, metrics, tokens):
     return tokens if region is None else max(round(share[region] * tokens), 1)
 
 
+def distance(a, b, keys):
+    """The Euclidean distance between two models' parameters (state dicts), over keys, in float64."""
+    return math.sqrt(sum(((a[k] - b[k]).double() ** 2).sum().item() for k in keys))
+
+
 def bf16_tolerance(key, one, two):
     """(rel, abs) within which a metric of the bf16 update (on 2 ranks, or packed) equals one process's padded one,
     from what the metric is. bf16 keeps 8 significant bits: a log pi through bf16 logits carries 2^-8 of its size,
@@ -148,7 +153,7 @@ def bf16_tolerance(key, one, two):
         # the mean of the two steps' gradient norms. SGD without clipping (grad clip 1e9) ends at start - lr (g1 + g2):
         # the second gradients differ by at most |the weights' difference| / lr plus the first's, and the first (at
         # the start's weights) by its bf16 rounding, 2^-8 of it (measured 0.87 x 2^-8 alone), |g1| <= 2 grad_norm
-        gap = math.sqrt(sum(((two["params"][k] - one["params"][k]).double() ** 2).sum().item() for k in one["params"]))
+        gap = distance(two["params"], one["params"], one["params"])
         return 0, gap / (2 * one["lr"]) + 2.0 ** -7 * 2 * m["grad_norm"]
     # After the first step: log d = log pi(after) - log pi_old - shift, each log pi within 2^-8 of its size (that of
     # the regions' mean log pi_old) and the step's change (|log d|) with it: |error of log d| <= 2^-8 (2 |log pi_old|
@@ -181,15 +186,15 @@ def test_two_ranks_update_like_one_process(tmp_path, tiny_model_path):
                                                           ("packed", ones, 40))]:
         moved = max((one["params"][k] - start[k]).abs().max().item() for k in start)
         assert moved > 1e-3 * one["lr"], algo  # the update did something
-        if algo.startswith("ce_gppo+bf16"):
+        bf16 = algo.startswith("ce_gppo+bf16")
+        if bf16:
             # bf16 compute: every activation's gradient rounded to bf16's 8 significant bits, layer after layer, in
             # another layout (packed rows, each rank packing its own sequences), then summed in fp32 in another
             # order. An element whose tokens' terms cancel keeps their rounding, not its own, so the update is
             # compared as a whole: measured 0.6-4.5% of its norm in 18 seeds, the largest element 0.4-9.1% of the
             # largest move (AVX-512 BF16 and AVX2 kernels). A mean over ranks instead of a sum is off by 50%, and
             # computed_in below tells bf16 from fp32.
-            gap = math.sqrt(sum(((two["params"][k] - one["params"][k]).double() ** 2).sum().item() for k in start))
-            update = math.sqrt(sum(((one["params"][k] - start[k]).double() ** 2).sum().item() for k in start))
+            gap, update = distance(two["params"], one["params"], start), distance(one["params"], start, start)
             assert gap <= 2.0 ** -3 * update, (algo, gap / update)
         else:
             # float32 rounding in another summation order, grown through two SGD steps at lr 1 (moves of 1-6):
@@ -202,7 +207,7 @@ def test_two_ranks_update_like_one_process(tmp_path, tiny_model_path):
                                            msg=lambda m: f"{algo} {k}: {m}")
         assert one["metrics"].keys() == two["metrics"].keys()
         for k, v in one["metrics"].items():
-            rel, abs_ = bf16_tolerance(k, one, two) if algo.startswith("ce_gppo+bf16") else (1e-4, 1e-6)
+            rel, abs_ = bf16_tolerance(k, one, two) if bf16 else (1e-4, 1e-6)
             assert two["metrics"][k] == pytest.approx(v, rel=rel, abs=abs_), (algo, k, rel, abs_)
         assert one["metrics"]["clip_frac_high_pos"] + one["metrics"]["clip_frac_low_neg"] > 0  # clipped tokens present
         assert one["metrics"]["optimizer_steps"] == 2

@@ -89,6 +89,30 @@ STABILITY_ARMS = ["ppo_clip_tm", "ce_gppo_0.5_1", "ce_gppo_1_1", "ppo_clip_tm_lr
                   "ppo_clip_tm_lr5e-5", "ce_gppo_0.5_1_lr5e-5", "ppo_clip_tm_u2_lr8e-4", "ce_gppo_0.5_1_u2_lr8e-4",
                   "ce_gppo_1_1_ratio", "ce_gppo_0.5_1_ratio", "ce_gppo_0.5_1_nll", "ce_gppo_0.5_1_oversample"]
 
+# The fifth study, on where CE-GPPO is stable and what its betas do there (docs/study-protocol-depth.md): cells of
+# optimizer steps per rollout batch x lr at --preset merge-active. `e2` is --ppo-epochs 2: the same mini-batches of one
+# prompt in two passes against the sampling policy, so up to 16 optimizer steps per batch at the same step size. Cell A
+# (8 steps, lr 1e-4) separates beta2 ((0, 1) - (0, 0)) from beta1 ((0.5, 1) - (0, 1)) and holds the benefit contrasts;
+# B (16 steps, lr 1e-4) doubles the off-policy depth and the summed movement; C (16 steps, lr 5e-5) doubles the depth
+# at A's summed movement; D (8 steps, lr 2e-4, the preset's lr) is the in-block reference that collapsed before.
+DEPTH = {"e2_lr1e-4": ["--ppo-epochs", "2", "--lr", "1e-4"], "e2_lr5e-5": ["--ppo-epochs", "2", "--lr", "5e-5"]}
+CONFIGS.update({
+    "ce_gppo_0_1_lr1e-4": CONFIGS["ce_gppo_0_1"] + CELLS["lr1e-4"],
+    "dapo_lr1e-4": CONFIGS["dapo"] + CELLS["lr1e-4"],
+    "ce_gppo_0.5_1_ratio_lr1e-4": CONFIGS["ce_gppo_0.5_1_ratio"] + CELLS["lr1e-4"],
+    **{f"{name}_{cell}": CONFIGS[name] + more for cell, more in DEPTH.items()
+       for name in ("ppo_clip_tm", "ce_gppo_0.5_1", "dapo")},
+})
+DEPTH_CELLS = {  # cell -> (optimizer steps per batch, lr, its arms with the control first)
+    "A": (8, 1e-4, ["ppo_clip_tm_lr1e-4", "ce_gppo_0_1_lr1e-4", "ce_gppo_0.5_1_lr1e-4", "dapo_lr1e-4",
+                    "ce_gppo_0.5_1_ratio_lr1e-4"]),
+    "B": (16, 1e-4, ["ppo_clip_tm_e2_lr1e-4", "ce_gppo_0.5_1_e2_lr1e-4", "dapo_e2_lr1e-4"]),
+    "C": (16, 5e-5, ["ppo_clip_tm_e2_lr5e-5", "ce_gppo_0.5_1_e2_lr5e-5"]),
+    "D": (8, 2e-4, ["ppo_clip_tm", "ce_gppo_0.5_1"]),
+}
+DEPTH_ARMS = [arm for _, _, arms in DEPTH_CELLS.values() for arm in arms]
+DEPTH_SEEDS = {"all": list(range(30, 38)), "A only": list(range(38, 42))}  # every cell 30-37; cell A also 38-41
+
 # What each tool runs unless told otherwise.
 MECHANISM_DEFAULT = ["ppo_clip", "ppo_clip_repeat", "ce_gppo_0_1", "ce_gppo_0.5_1", "ce_gppo_1_1", "ce_gppo_1_0.5",
                      "ce_gppo_1_0", "gppo", "dapo", "entropy_0.001", "entropy_0.003"]

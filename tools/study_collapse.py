@@ -37,6 +37,8 @@ FIGURES = os.path.join(ROOT, "docs", "figures", "study-collapse")
 STEPS = 200  # every run's length
 WINDOW, FLOOR, AFTER, FINAL_FLOOR = 10, 0.05, 11, 0.10  # the endpoint: 10-step mean accuracy < 5% from step 11 on;
 # or final avg@8 < 10%
+NO_EOS = 0.5  # the truncation endpoint (added 2026-11-29): a "no-EOS collapse" is a 10-step mean truncated_frac (the
+# share of responses that hit the length cap) above 50%, from any step on
 ALPHA = 0.05  # a test "rejects at 5%" (the protocol) where its p, Holm-adjusted or raw, is at most this
 DOSE = [("ce_gppo_0_1", 0.0), ("ce_gppo_0.1_1", 0.1), ("ce_gppo_0.25_1", 0.25), ("ce_gppo_0.5_1", 0.5),
         ("ce_gppo_1_1", 1.0)]
@@ -54,7 +56,7 @@ REGIONS = {"low_neg": "the beta1 region", "high_pos": "the beta2 region", "insid
 EVIDENCE = ("eos_share", "late_share", "old_logp_mean", "ratio_p10", "ratio_p50")
 SHARES = {"low_neg": "clip_frac_low_neg", "high_pos": "clip_frac_high_pos"}
 # Every per-step number the pages and the figure read: each must be a number (or absent, or null) in a step's row.
-NUMBERS = ("acc_mean", "eval_acc", "entropy", "response_length_mean", *SHARES.values(),
+NUMBERS = ("acc_mean", "eval_acc", "entropy", "response_length_mean", "truncated_frac", *SHARES.values(),
            *(f"{region}_{what}" for region in REGIONS for what in EVIDENCE))
 
 
@@ -84,6 +86,27 @@ def onset(run) -> int | None:
             return s
     final = final_acc(run)
     return STEPS if final is not None and final < FINAL_FLOOR else None
+
+
+def truncation_windows(run) -> list[float | None]:
+    """The run's share of responses that hit the length cap, per 10-step window (steps 1-10, 11-20, ...): the mean of
+    each step's truncated_frac over the window's steps that logged it (None where none did)."""
+    rows = step_rows(run)
+    last = rows[-1]["step"] if rows else 0
+    return [mean_over([r for r in rows if w < r["step"] <= w + WINDOW], "truncated_frac")
+            for w in range(0, last, WINDOW)]
+
+
+def no_eos_onset(run) -> int | None:
+    """The first step s >= 1 whose 10 steps s..s+9 average a truncated share above NO_EOS (the policy has stopped
+    ending its responses: a collapse of its own kind, which the accuracy rule may miss while avg@8 stays high); None
+    for a run that never did, or that logged no truncated_frac."""
+    share = [r.get("truncated_frac") for r in step_rows(run)]
+    for s in range(1, len(share) - WINDOW + 2):
+        window = share[s - 1:s - 1 + WINDOW]
+        if None not in window and sum(window) / WINDOW > NO_EOS:
+            return s
+    return None
 
 
 def finished(runs: dict) -> dict:

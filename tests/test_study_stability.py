@@ -150,3 +150,64 @@ def test_the_command_line_refuses_bad_input_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         SS.main(["--json", str(tmp_path / "missing.json")])
     assert e.value.code == 2 and "missing.json" in capsys.readouterr().err
+
+
+def test_lack_of_fit_separates_a_threshold_from_a_slope():
+    """Three lrs with means 0, 0 and -0.5 (a threshold) and a spread of 0.01 within each: the line's lack of fit is
+    large (F far above 1, p tiny); the same means on a line (0, -0.25, -0.5) fit it (F near 0)."""
+    def points(means):
+        xs, ys = [], []
+        for x, m in zip((-3, -2, -1), means):
+            for d in (-0.01, 0.0, 0.01):
+                xs.append(x)
+                ys.append(m + d)
+        return xs, ys
+    step = SS.lack_of_fit(*points((0.0, 0.0, -0.5)))
+    line = SS.lack_of_fit(*points((0.0, -0.25, -0.5)))
+    # the line through the means (0, 0, -0.5) misses them by -1/12, 1/6, -1/12: lack of fit 3 x 6/144 = 0.125 on 1
+    # degree of freedom; pure error 3 x 2e-4 = 6e-4 on 6
+    assert step["lof_df"] == (1, 6) and step["lof_f"] == pytest.approx(0.125 / (6e-4 / 6), rel=1e-9)
+    assert step["lof_p"] < 1e-6 and line["lof_f"] == pytest.approx(0.0, abs=1e-9) and line["lof_p"] == pytest.approx(1)
+    assert step["cell_means"] == {-3: pytest.approx(0.0), -2: pytest.approx(0.0), -1: pytest.approx(-0.5)}
+
+
+def test_failed_runs_no_eos_collapse_and_one_pair_claims(tmp_path):
+    """A run whose segment exited 1 is listed as failed; a run whose responses stop ending is a no-EOS collapse in the
+    arms page while its accuracy holds; with one collapsed and one surviving run the dose's AUC is not testable (a
+    bootstrap interval from one run of a class says nothing), never "ranks collapse"."""
+    study = {"ce_gppo_1_1": {"0": collapsed(dose=0.004),
+                             "1": {**run(lambda s: 0.6, dose=0.001),
+                                   "hardware": [{"from_step": 0, "to_step": 200, "exit_code": 1}]}},
+             "ce_gppo_0.5_1_ratio": {"0": run(lambda s: 0.6)}}
+    for row in study["ce_gppo_0.5_1_ratio"]["0"]["steps"][1:]:
+        row["truncated_frac"] = 0.9 if row["step"] >= 96 else 0.0
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps(study))
+    SS.report(str(path), str(tmp_path / "pages"))
+    arms = (tmp_path / "pages" / "arms.md").read_text()
+    assert "`ce_gppo_1_1` seed 1, steps 0-200: exit code 1" in arms
+    assert "| `ce_gppo_0.5_1_ratio` | 1 | 0 [0%, 97%] | - | n/a | 60.0 | 0.000% | 1 | 92 |" in arms
+    dose = (tmp_path / "pages" / "dose.md").read_text()
+    assert "not testable" in dose and "ranks collapse" not in dose
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r["steps"][5].update(beta1_dose=float("nan")), "beta1_dose is not a number (nan)"),
+    (lambda r: r["steps"][5].update(beta1_dose="0.001"), "beta1_dose is not a number ('0.001')"),
+    (lambda r: r["steps"][-1].update(eval_acc=1.5), "eval_acc is 1.5, not a share in [0, 1]"),
+    (lambda r: r["steps"][-1].update(eval_acc=float("nan")), "eval_acc is not a number (nan)"),
+])
+def test_values_the_pages_cannot_read_are_one_line(tmp_path, capsys, change, message):
+    """A value no run logs (a NaN, text, an accuracy above 1) and an arm of 21 seeds (an exact sign-flip test lists
+    2^n flips) end in one line and exit code 2 before a page is written, never a traceback."""
+    study = {"ce_gppo_1_1": {str(s): run(lambda _: 0.6) for s in range(3)}}
+    change(study["ce_gppo_1_1"]["1"])
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps(study))
+    with pytest.raises(SystemExit) as e:
+        SS.main(["--json", str(path), "--figures", str(tmp_path / "pages")])
+    assert e.value.code == 2 and message in capsys.readouterr().err and not (tmp_path / "pages").exists()
+    path.write_text(json.dumps({"ce_gppo_1_1": {str(s): run(lambda _: 0.6) for s in range(21)}}))
+    with pytest.raises(SystemExit) as e:
+        SS.main(["--json", str(path), "--figures", str(tmp_path / "pages")])
+    assert e.value.code == 2 and "has 21 seeds; the readers take at most 20" in capsys.readouterr().err

@@ -238,12 +238,14 @@ def final_cell(finals) -> str:
 
 def arms_table(study: dict, arms) -> str:
     lines = ["| arm | runs | collapsed [exact 95% CI of the rate] | onsets (step; - none) | final avg@8, mean [95% CI, "
-             "logit scale, added after the runs] | steps that trained nothing, mean |", "|---|---|---|---|---|---|"]
+             "logit scale, added after the runs] | steps that trained nothing, mean | no-EOS collapse, onsets (added "
+             "2026-11-29) |", "|---|---|---|---|---|---|---|"]
     for arm in arms:
         runs = finished(study.get(arm, {}))
         if not runs:
-            lines.append(f"| `{arm}` | 0 | | | | |")
+            lines.append(f"| `{arm}` | 0 | | | | | |")
             continue
+        no_eos = [no_eos_onset(r) for _, r in sorted(runs.items(), key=lambda kv: int(kv[0]))]
         onsets = [onset(r) for _, r in sorted(runs.items(), key=lambda kv: int(kv[0]))]
         finals = [final_acc(r) for r in runs.values() if final_acc(r) is not None]
         idle = [sum(1 for r in step_rows(run) if r.get("entropy") is None) for run in runs.values()]
@@ -251,7 +253,8 @@ def arms_table(study: dict, arms) -> str:
         lo, hi = exact_rate_ci(collapsed, len(runs))
         lines.append(f"| `{arm}` | {len(runs)} | {collapsed} [{100 * lo:.0f}%, {100 * hi:.0f}%] | "
                      f"{', '.join('-' if o is None else str(o) for o in onsets)} | "
-                     f"{final_cell(finals)} | {sum(idle) / len(idle):.1f} |")
+                     f"{final_cell(finals)} | {sum(idle) / len(idle):.1f} | {sum(o is not None for o in no_eos)}: "
+                     f"{', '.join('-' if o is None else str(o) for o in no_eos)} |")
     return "\n".join(lines)
 
 
@@ -405,10 +408,17 @@ def figures(study: dict, arms, folder: str):
 OUTPUTS = ("arms.md", "verdicts.md", "tokens.md", "curves.png")  # what report writes into its folder
 
 
-def value_problem(study: dict) -> str | None:
+PROPORTIONS = ("acc_mean", "eval_acc", "truncated_frac", *SHARES.values())  # shares: each within [0, 1]
+
+
+def value_problem(study: dict, numbers=()) -> str | None:
     """Where a study's JSON of the right shape (study_json.shape_problem) holds what the pages cannot read (None if
-    nothing): a seed that is not a whole number, a model_sha256 that is not text, a step's NUMBERS not numbers."""
+    nothing): a seed that is not a whole number, a model_sha256 that is not text, a step's NUMBERS (and `numbers`,
+    a reader's own) not finite numbers, a share outside [0, 1], more than 20 seeds in a configuration (an exact
+    sign-flip test lists 2^n flips)."""
     for name, runs in configurations(study).items():
+        if len(runs) > 20:
+            return f"configuration {cli.short(name, 60)} has {len(runs)} seeds; the readers take at most 20"
         for seed, run in runs.items():
             where = f"configuration {cli.short(name, 60)} seed {cli.short(seed, 20)}"
             if not re.fullmatch(r"-?[0-9]+", seed):
@@ -416,10 +426,14 @@ def value_problem(study: dict) -> str | None:
             if not isinstance(run.get("model_sha256"), (str, type(None))):
                 return f"{where}: its model_sha256 is not text"
             for row in run["steps"]:
-                bad = next((k for k in NUMBERS if row.get(k) is not None and (
-                    not isinstance(row[k], (int, float)) or isinstance(row[k], bool))), None)
-                if bad:
-                    return f"{where} step {row['step']}: its {bad} is not a number"
+                for key in (*NUMBERS, *numbers):
+                    value = row.get(key)
+                    if value is None:
+                        continue
+                    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                        return f"{where} step {row['step']}: its {key} is not a number ({cli.short(repr(value), 30)})"
+                    if key in PROPORTIONS and not 0 <= value <= 1:
+                        return f"{where} step {row['step']}: its {key} is {value}, not a share in [0, 1]"
                 if "acc_mean" in row and row["acc_mean"] is None:  # a training row's accuracy: the collapse windows
                     return f"{where} step {row['step']}: its acc_mean is null (a training step logs its accuracy)"
     return None
@@ -437,7 +451,8 @@ def report(json_path: str = JSON, folder: str = FIGURES):
     hashes = sorted({run.get("model_sha256") or "unknown" for runs in configurations(study).values()
                      for run in runs.values()})
     write(os.path.join(folder, "arms.md"), "# The third study: every arm\n\nWarm start(s): "
-          + ", ".join(f"`{h}`" for h in hashes) + f". Finished runs only ({STEPS} steps).\n\n"
+          + ", ".join(f"`{h}`" for h in hashes) + f". Finished runs only ({STEPS} steps). No-EOS collapse: a 10-step "
+          "mean share of responses that hit the length cap above 50% (the fifth study's truncation endpoint).\n\n"
           + arms_table(study, COLLAPSE_ARMS))
     write(os.path.join(folder, "verdicts.md"), verdicts_page(study))
     write(os.path.join(folder, "tokens.md"), tokens_page(study, COLLAPSE_ARMS))

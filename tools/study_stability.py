@@ -19,6 +19,7 @@ from cegppo_utils.data import UserError
 from tools import study_json
 from tools.configs import CONFIGS, STABILITY_ARMS
 from tools.stats import (
+    ImpossibleInput,
     auc,
     auc_bootstrap_ci,
     exact_rate_ci,
@@ -28,8 +29,10 @@ from tools.stats import (
     logit_mean_ci,
     mean_ci,
     min_detectable,
+    rate_difference_ci,
     sign_flip_p,
     slope_ci,
+    t_sf,
     t_test_p,
 )
 from tools.study_collapse import (  # the third study's run length, windows and collapse: the same here
@@ -39,6 +42,7 @@ from tools.study_collapse import (  # the third study's run length, windows and 
     finished,
     incidence,
     mean_over,
+    no_eos_onset,
     onset,
     paired_entropy,
     step_rows,
@@ -57,6 +61,7 @@ MARGIN = -0.10  # family 2: "removes" needs the ratio-aware arm's P1 interval ag
 # the arms with a beta1 region that trains, and their beta1, read from the flags they ran with (tools/configs.py)
 BETA1 = {a: float(CONFIGS[a][CONFIGS[a].index("--beta1") + 1]) for a in STABILITY_ARMS}
 BETA1 = {a: b for a, b in BETA1.items() if b > 0}
+LR = {a: float(CONFIGS[a][CONFIGS[a].index("--lr") + 1]) if "--lr" in CONFIGS[a] else 2e-4 for a in STABILITY_ARMS}
 CELLS = [("lr 2e-4, 8 steps", "ce_gppo_0.5_1", "ppo_clip_tm", 2e-4), ("lr 1e-4, 8 steps", "ce_gppo_0.5_1_lr1e-4",
          "ppo_clip_tm_lr1e-4", 1e-4), ("lr 5e-5, 8 steps", "ce_gppo_0.5_1_lr5e-5", "ppo_clip_tm_lr5e-5", 5e-5),
          ("lr 8e-4, 2 steps", "ce_gppo_0.5_1_u2_lr8e-4", "ppo_clip_tm_u2_lr8e-4", 8e-4)]
@@ -68,7 +73,13 @@ FAMILIES = [
     ("3. the recipe's parts", [("ce_gppo_0.5_1_nll", "ce_gppo_0.5_1"), ("ce_gppo_0.5_1_oversample", "ce_gppo_0.5_1")]),
 ]
 SHOWN = [("ce_gppo_1_1_ratio", "ppo_clip_tm"), ("ce_gppo_0.5_1_ratio", "ppo_clip_tm"),
-         ("ce_gppo_0.5_1_nll", "ppo_clip_tm"), ("ce_gppo_0.5_1_oversample", "ppo_clip_tm")]
+         ("ce_gppo_0.5_1_nll", "ppo_clip_tm"), ("ce_gppo_0.5_1_oversample", "ppo_clip_tm"),
+         # added 2026-11-29: the lr 2e-4 control against the lr 1e-4 one (is the reference cell's control itself
+         # impaired?), and the ratio-aware (0.5, 1) against the better control
+         ("ppo_clip_tm", "ppo_clip_tm_lr1e-4"), ("ce_gppo_0.5_1_ratio", "ppo_clip_tm_lr1e-4")]
+# What a step of the fourth study's runs must hold where it holds it: finite numbers, proportions within [0, 1].
+STABILITY_NUMBERS = ("beta1_dose", "grad_norm_low_neg", "grad_norm_high_pos", "grad_norm_rest",
+                     "grad_cos_low_neg_rest", "low_neg_ratio_p10")
 ENDPOINTS = {"P1": "final avg@8", "P2": "lowest 10-step training accuracy"}
 
 
@@ -108,6 +119,24 @@ def paired(study: dict, arm: str, against: str, name: str) -> dict | None:
     mean, (lo, hi) = mean_ci(diffs)
     return {"n": len(diffs), "mean": mean, "lo": lo, "hi": hi, "p": t_test_p(diffs), "flip_p": sign_flip_p(diffs),
             "sd": math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)), "diffs": diffs}
+
+
+def without_seed(study: dict, seed: str) -> dict:
+    """The study with one seed's runs left out of every arm."""
+    return {arm: ({s: r for s, r in runs.items() if s != seed} if not arm.startswith("_") else runs)
+            for arm, runs in study.items()}
+
+
+def leave_one_out(study: dict, tests) -> dict:
+    """{(arm, endpoint): (in how many of the seeds left out, one at a time, the contrast still holds after Holm, how
+    many seeds were tried)}: how far a verdict rests on one seed (added 2026-11-29, not in the protocol)."""
+    seeds = sorted({s for a, b in tests for s, _, _ in pairs(study, a, b)}, key=int)
+    held = {}
+    for seed in seeds:
+        for r in family_rows(without_seed(study, seed), tests):
+            key = (r["arm"], r["endpoint"])
+            held[key] = held.get(key, 0) + (r["verdict"] == "holds")
+    return {key: (n, len(seeds)) for key, n in held.items()}
 
 
 def family_rows(study: dict, tests) -> list[dict]:
@@ -152,7 +181,36 @@ def what_sets_it(study: dict) -> dict:
     ps = [out.get("slope_p", 1.0), out.get("steps_p", 1.0)]
     out["slope_holds"], out["steps_holds"] = holm(ps, ALPHA) if "slope_p" in out and "steps_p" in out else (False,
                                                                                                             False)
+    if len(steps) >= 2:
+        out["steps_flip_p"] = sign_flip_p(steps)
+    out.update(lack_of_fit(xs, ys))
+    low, mid = cell_differences(study, CELLS[2]), cell_differences(study, CELLS[1])
+    small = [mid[s] - low[s] for s in sorted(set(low) & set(mid), key=int)]
+    if len(small) >= 2:  # the two smallest steps: does halving lr from 1e-4 to 5e-5 change the deficit at all?
+        out["small_mean"], (out["small_lo"], out["small_hi"]) = mean_ci(small)
+        out["small_pairs"] = len(small)
     return out
+
+
+def lack_of_fit(xs, ys) -> dict:
+    """The F-test of a straight line against one mean per x (added 2026-11-29): the line's residual sum of squares
+    split into pure error (within each x) and lack of fit; F = (SS_lof / (groups - 2)) / (SS_pe / (n - groups)). With
+    three groups F has 1 numerator degree of freedom, so p = P(|T| > sqrt(F)) for Student's t with n - groups."""
+    groups = {}
+    for x, y in zip(xs, ys):
+        groups.setdefault(x, []).append(y)
+    n, k = len(ys), len(groups)
+    if k != 3 or n - k < 1:
+        return {}
+    mx, my = sum(xs) / n, sum(ys) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys))
+    pure = sum((y - sum(g) / len(g)) ** 2 for g in groups.values() for y in g)
+    if pure <= 0:
+        return {}
+    f = (residual - pure) / (k - 2) / (pure / (n - k))
+    return {"lof_f": f, "lof_df": (k - 2, n - k), "lof_p": min(1.0, 2 * t_sf(math.sqrt(max(f, 0.0)), n - k)),
+            "cell_means": {x: sum(g) / len(g) for x, g in sorted(groups.items())}}
 
 
 def reading(study: dict, sets: dict) -> str:
@@ -182,9 +240,15 @@ def prediction(study: dict, arms) -> dict | None:
     if not collapsed or not survived:
         return out
     pos, neg = [d for _, _, d in collapsed], [d for _, _, d in survived]
+    if len(pos) < 2 or len(neg) < 2:  # a bootstrap interval from one run of a class is that run's order: no claim
+        return out
     out.update(auc=auc(pos, neg), auc_ci=auc_bootstrap_ci(pos, neg))
     beta = [BETA1.get(a, 0.0) for a, _, _ in collapsed], [BETA1.get(a, 0.0) for a, _, _ in survived]
     out["beta1_auc"] = auc(*beta)
+    # added 2026-11-29, shown: the arm's lr alone as the score, and the dose within each arm where both outcomes occur
+    out["lr_auc"] = auc([LR[a] for a, _, _ in collapsed], [LR[a] for a, _, _ in survived])
+    by_arm = {arm: ([d for a, _, d in collapsed if a == arm], [d for a, _, d in survived if a == arm]) for arm in arms}
+    out["by_arm"] = {arm: auc(up, down) for arm, (up, down) in by_arm.items() if up and down}
     hits, rejections = sum(d > DOSE_THRESHOLD for d in pos), sum(d <= DOSE_THRESHOLD for d in neg)
     out.update(sensitivity=(hits, len(pos), exact_rate_ci(hits, len(pos))),
                specificity=(rejections, len(neg), exact_rate_ci(rejections, len(neg))),
@@ -246,11 +310,12 @@ def num(x, digits=3) -> str:
 
 def arms_table(study: dict, arms) -> str:
     lines = ["| arm | runs | collapsed [exact 95% CI] | onsets | P1 final avg@8, mean [95% CI, logit] | "
-             "P2 lowest 10-step accuracy, mean | dose steps 1-19, mean |", "|---|---|---|---|---|---|---|"]
+             "P2 lowest 10-step accuracy, mean | dose steps 1-19, mean | no-EOS collapse (added) | its onsets |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for arm in arms:
         runs = finished(study.get(arm, {}))
         if not runs:
-            lines.append(f"| `{arm}` | 0 | | | | | |")
+            lines.append(f"| `{arm}` | 0 | | | | | | | |")
             continue
         ordered = [r for _, r in sorted(runs.items(), key=lambda kv: int(kv[0]))]
         onsets = [onset(r) for r in ordered]
@@ -263,8 +328,18 @@ def arms_table(study: dict, arms) -> str:
         lines.append(f"| `{arm}` | {len(ordered)} | {k} [{100 * lo:.0f}%, {100 * hi:.0f}%] | "
                      f"{', '.join('-' if o is None else str(o) for o in onsets)} | {p1} | "
                      f"{points(sum(lows) / len(lows), False) if lows else 'n/a'} | "
-                     f"{100 * sum(dose_1_19(r) for r in ordered) / len(ordered):.3f}% |")
+                     f"{100 * sum(dose_1_19(r) for r in ordered) / len(ordered):.3f}% | "
+                     f"{sum(no_eos_onset(r) is not None for r in ordered)} | "
+                     f"{', '.join('-' if no_eos_onset(r) is None else str(no_eos_onset(r)) for r in ordered)} |")
     return "\n".join(lines)
+
+
+def failed_runs(study: dict, arms) -> list[str]:
+    """Every segment of a run that ended in a nonzero exit code, by arm and seed (a failed run is reported as failed,
+    as the protocol says, even where its data are complete)."""
+    return [f"`{arm}` seed {seed}, steps {seg.get('from_step')}-{seg.get('to_step')}: exit code {seg['exit_code']}"
+            for arm in arms for seed, run in sorted(study.get(arm, {}).items(), key=lambda kv: int(kv[0]))
+            for seg in run.get("hardware") or [] if seg.get("exit_code") not in (0, None)]
 
 
 def contrast_cells(r: dict) -> str:
@@ -277,15 +352,33 @@ def contrast_cells(r: dict) -> str:
 
 def family_section(study: dict, name: str, tests) -> list[str]:
     out = [f"## {name}", "", "| arm | against | endpoint | pairs | paired difference, points [95% CI] | p (t) | "
-           "p (sign flips) | MDE at 5% | p (Holm) | verdict | collapsed (arm / against) | Fisher p |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in family_rows(study, tests):
+           "p (sign flips) | MDE at 5% | p (Holm) | verdict | holds leaving one seed out | collapsed (arm / against) | "
+           "difference in rate [95% CI, Newcombe] | Fisher p |", "|---" * 14 + "|"]
+    rows, kept = family_rows(study, tests), leave_one_out(study, tests)
+    for r in rows:
         (a, n1), (b, n2) = incidence(study.get(r["arm"], {})), incidence(study.get(r["against"], {}))
         fisher = f"{fisher_exact(a, n1, b, n2):.3g}" if n1 and n2 else "n/a"
+        newcombe = "n/a" if not (n1 and n2) else "{:+.0f} [{:+.0f}, {:+.0f}]".format(
+            *(100 * v for v in rate_difference_ci(a, n1, b, n2)))
         adjusted = "n/a" if r["holm"] is None else f"{r['holm']:.3g}"
+        held, tried = kept.get((r["arm"], r["endpoint"]), (0, 0))
         out.append(f"| `{r['arm']}` | `{r['against']}` | {r['endpoint']} | {contrast_cells(r)} | {adjusted} | "
-                   f"{r['verdict']} | {a} of {n1} / {b} of {n2} | {fisher} |")
-    return out + [""]
+                   f"{r['verdict']} | {f'{held} of {tried}' if tried else 'n/a'} | {a} of {n1} / {b} of {n2} | "
+                   f"{newcombe} | {fisher} |")
+    return out + ["", floor_line(rows), ""]
+
+
+def floor_line(rows: list[dict]) -> str:
+    """What the exact sign-flip test can reach at the family's pairs (added 2026-11-29): 2 / 2^n, and that times the
+    family's size after Holm."""
+    ns = sorted({r["n"] for r in rows if r.get("n", 0) >= 2})
+    if not ns:
+        return "No contrast has two pairs yet."
+    n = ns[0]
+    return (f"With {n} pairs an exact sign-flip p cannot fall below 2 / 2^{n} = {2 / 2 ** n:.2g}; in a family of "
+            f"{len(rows)} tests its Holm-adjusted value cannot fall below {min(1.0, len(rows) * 2 / 2 ** n):.2g}, so "
+            "a verdict that holds here rests on the t-test alone. \"Holds leaving one seed out\" (added after the "
+            "runs): in how many of the seeds, each left out in turn, the verdict still holds after Holm.")
 
 
 def removes_lines(study: dict) -> list[str]:
@@ -321,8 +414,25 @@ def sets_section(study: dict) -> list[str]:
         held = "; holds (Holm over 2)" if s["steps_holds"] else ""
         out.append(f"- Steps per batch at one summed step size: P1 difference at 2 steps (lr 8e-4) minus at 8 steps "
                    f"(lr 2e-4), {points(s['steps_mean'])} [{points(s['steps_lo'])}, {points(s['steps_hi'])}], p "
-                   f"{s['steps_p']:.3g} ({s['steps_pairs']} seeds){held}.")
-    return out + [f"- The protocol's reading: **{reading(study, s)}**.", ""]
+                   f"{s['steps_p']:.3g}, sign flips {s['steps_flip_p']:.3g} ({s['steps_pairs']} seeds){held}.")
+    out.append(f"- The protocol's reading: **{reading(study, s)}**.")
+    if "lof_f" in s:  # added 2026-11-29
+        means = ", ".join(f"{points(m)} at lr {2 ** x:.0e}".replace("e-0", "e-") for x, m in s["cell_means"].items())
+        out.append(f"- Added after the runs, shown: the cells' mean P1 differences are {means}. A lack-of-fit test of "
+                   f"the straight line against one mean per lr: F({s['lof_df'][0]}, {s['lof_df'][1]}) = "
+                   f"{s['lof_f']:.1f}, p {s['lof_p']:.2g}"
+                   + (": the line does not describe them, so the slope measures a threshold between the lrs, not a "
+                      "rate per doubling." if s["lof_p"] <= ALPHA else "."))
+    if "small_mean" in s:
+        out.append(f"- Added after the runs, shown: the P1 difference at lr 1e-4 minus at 5e-5, "
+                   f"{points(s['small_mean'])} [{points(s['small_lo'])}, {points(s['small_hi'])}] "
+                   f"({s['small_pairs']} seeds).")
+    out.append("- Departure from the protocol, said where it is read: at 8 steps lr moves the size of each step, the "
+               "summed movement per batch (8 x lr) and the off-policy drift that fills the beta1 region together, so "
+               "\"the size of each step sets it\" is not separated from the other two; and the 2-step cell's control "
+               "collapsed too, so its contrast separates nothing. What the data show is narrower: lr sets it, at 8 "
+               "steps. The fifth study (docs/study-protocol-depth.md) separates the three.")
+    return out + [""]
 
 
 def shown_section(study: dict) -> list[str]:
@@ -333,8 +443,11 @@ def shown_section(study: dict) -> list[str]:
         for e in ENDPOINTS:
             r = paired(study, arm, against, e) or {"n": 0}
             out.append(f"| `{arm}` | `{against}` | {e} | {contrast_cells(r)} |")
+    out += ["", "The last four rows were added after the runs (2026-11-29)."]
     out += ["", "Entropy before the pair's earlier onset (nats, paired; the third study's secondary endpoint), and "
-            "P1 over the seeds where neither run of the pair collapsed (a subgroup chosen by the outcome):", "",
+            "P1 over the seeds where neither run of the pair collapsed (a subgroup chosen by the outcome). Each "
+            "contrast is (beta1, 1) minus (0, 0): beta1 and beta2 move together, so none separates what beta1 does "
+            "to entropy from what beta2 does.", "",
             "| arm | against | entropy difference [95% CI] | P1 where neither collapsed, points |", "|---|---|---|---|"]
     for arm, against in FAMILIES[0][1]:
         e = entropy_contrast(study, arm, against)
@@ -376,14 +489,16 @@ def dose_page(study: dict, arms) -> str:
         p = prediction(study, chosen)
         out += [f"## {label[0].upper() + label[1:]}", ""]
         if p is None or "auc" not in p:
-            out += [f"{p['runs'] if p else 0} finished runs, {p['collapsed'] if p else 0} collapsed: the AUC is not "
-                    "defined yet (it needs runs of both outcomes).", ""]
+            out += [f"{p['runs'] if p else 0} finished runs, {p['collapsed'] if p else 0} collapsed: not testable (an "
+                    "AUC and its bootstrap interval need at least two runs of each outcome).", ""]
             continue
         (hits, n_pos, (slo, shi)), (rej, n_neg, (plo, phi)) = p["sensitivity"], p["specificity"]
         out += [f"- {p['runs']} runs, {p['collapsed']} collapsed. AUC of the dose {p['auc']:.3f} "
                 f"[{p['auc_ci'][0]:.3f}, {p['auc_ci'][1]:.3f}]: "
                 f"{'**ranks collapse out of sample**' if p['ranks'] else 'not shown to rank collapse'}; beta1 alone "
-                f"{p['beta1_auc']:.3f}.",
+                f"{p['beta1_auc']:.3f}; the arm's lr alone {p['lr_auc']:.3f} (added after the runs).",
+                "- Within each arm where both outcomes occur (added after the runs, shown; no interval): "
+                + (", ".join(f"`{a}` {v:.2f}" for a, v in p["by_arm"].items()) or "none") + ".",
                 f"- The {100 * DOSE_THRESHOLD:.2f}% rule: sensitivity {hits} of {n_pos} [{100 * slo:.0f}%, "
                 f"{100 * shi:.0f}%], specificity {rej} of {n_neg} [{100 * plo:.0f}%, {100 * phi:.0f}%]: "
                 f"{'**holds**' if p['rule_holds'] else 'does not hold (a lower end at or below 50%)'}.",
@@ -450,15 +565,18 @@ def report(json_path: str = JSON, folder: str = FIGURES):
     before anything is written."""
     from tools.configs import STABILITY_ARMS
     study = load_study(json_path, "--json")
-    problem = value_problem(study)
+    problem = value_problem(study, STABILITY_NUMBERS)
     if problem:
         raise UserError(f"--json {cli.short(json_path)}: not {study_json.WHAT} ({problem})")
     os.makedirs(folder, exist_ok=True)
     hashes = sorted({run.get("model_sha256") or "unknown" for runs in configurations(study).values()
                      for run in runs.values()})
+    failed = failed_runs(study, STABILITY_ARMS)
     write(os.path.join(folder, "arms.md"), "# The fourth study: every arm\n\nWarm start(s) (one block each): "
-          + ", ".join(f"`{h}`" for h in hashes) + f". Finished runs only ({STEPS} steps).\n\n"
-          + arms_table(study, STABILITY_ARMS))
+          + ", ".join(f"`{h}`" for h in hashes) + f". Finished runs only ({STEPS} steps). No-EOS collapse (added "
+          "2026-11-29): a 10-step mean share of responses that hit the length cap above 50%.\n\n"
+          + arms_table(study, STABILITY_ARMS) + "\n\nFailed runs (a nonzero exit code; their data are complete where "
+          "the table counts them): " + ("; ".join(failed) if failed else "none") + ".")
     write(os.path.join(folder, "verdicts.md"), verdicts_page(study))
     write(os.path.join(folder, "dose.md"), dose_page(study, STABILITY_ARMS))
     write(os.path.join(folder, "mechanism.md"), mechanism_page(study, STABILITY_ARMS))
@@ -477,7 +595,7 @@ def main(argv=None):
                or cli.outputs_problem(figures_dir, OUTPUTS, "--figures"))
     if problem:
         parser.error(problem)
-    cli.guard("study_stability.py", report, json_path, figures_dir)
+    cli.guard("study_stability.py", report, json_path, figures_dir, refused=(ImpossibleInput,))
     print(f"study_stability: tables and figures in {figures_dir}")
 
 

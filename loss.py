@@ -78,7 +78,8 @@ Where the official code (Kwai-Klear/CE-GPPO, a verl fork) differs from the paper
   - the token mean is taken per micro-batch and re-weighted by sequence count, which only
     approximates the mini-batch token mean. Here the mean is exact (Totals).
   - the official code does not clamp log(d) before exp; here it is clamped to [-20, 20] as verl's
-    PPO loss does, so a runaway ratio cannot overflow (no gradient flows beyond the clamp).
+    PPO loss does, so a runaway ratio cannot overflow (a token-level ratio gets no gradient beyond the
+    clamp; the sequence-level losses weight log pi by detached ratios, so there it changes only the value).
 
 Use:
   cfg = loss_config("ce_gppo", beta1=0.5)       # the algorithm's defaults, then your overrides

@@ -37,3 +37,16 @@ def test_ci_runs_the_readme_test_command():
     command = [line.split("#", 1)[0].strip() for line in block.strip().splitlines()][1]
     assert command.startswith("bash setup.sh && ") and "pytest" in command, command
     assert command in open(os.path.join(ROOT, ".ci", "run")).read()
+
+
+def test_readme_fits_one_read():
+    """README stays a page one reads through: at most 250 lines, its prose within 120 columns (tables and code blocks
+    may run longer); detail belongs in docs/."""
+    lines = open(os.path.join(ROOT, "README.md")).read().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; move detail to docs/"
+    fenced, long = False, []
+    for number, line in enumerate(lines, 1):
+        fenced ^= line.startswith("```")
+        if not fenced and not line.startswith(("|", "```")) and len(line) > 120:
+            long.append(number)
+    assert long == [], f"README.md lines over 120 columns: {long}"

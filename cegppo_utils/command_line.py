@@ -5,6 +5,7 @@ answered with the flag they most likely mean."""
 import argparse
 import functools
 import inspect
+import os
 import types
 
 import loss as L
@@ -92,8 +93,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):
-        """One line, exit code 2 (runfolder.one_line: control characters escaped, huge values cut); unknown flags:
-        the first few, each with the closest known one (10,000 of them are not listed, nor matched, one by one)."""
+        """One line, exit code 2 (runfolder.one_line: control characters escaped, huge values cut), printed by rank 0
+        alone under torchrun (RANK, set before anything starts; every rank ends); unknown flags: the first few, each
+        with the closest known one (10,000 of them are not listed, nor matched, one by one)."""
         if message.startswith("unrecognized arguments:"):
             known = getattr(self, "known", None) or [o for action in self._actions for o in action.option_strings]
             names = {o.lstrip("-").replace("-", "_"): o for o in known if o.startswith("--")}
@@ -106,6 +108,8 @@ class Parser(argparse.ArgumentParser):
                      for close in [closest_flag(flag.split("=")[0], names)] if close]
             if hints:
                 message += f" (did you mean: {', '.join(hints)}?)"
+        if os.environ.get("RANK", "0") != "0":  # under torchrun every rank reads the same flags: rank 0 says it once
+            self.exit(2)
         self.exit(2, f"{self.prog}: error: {RF.one_line(message)}\n")
 
 

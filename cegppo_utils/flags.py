@@ -360,15 +360,31 @@ MODE_OPTIONS = {
                                      and bool(L.ALGORITHMS[a.loss.algo].regions)),
                           "--precision fp32 on one process, with an algorithm that has clip regions"),
 }
+# The value of an option that asks for nothing (every switch's is False): given where the option is not read, it
+# agrees with the run, as the option's default does. A beta of 0 leaves a clipped token without gradient, as the
+# algorithms without CE-GPPO's terms do; a dual clip, a KL or a covariance weight of 0 is no such term.
+OFF_VALUES = {"region_grad_norms": "off", "beta1": 0.0, "beta2": 0.0, "clip_ratio_c": 0.0, "kimi_kl_tau": 0.0,
+              "kl_cov_coef": 0.0}
 
 
-def unread_problems(a: Args, given) -> list[str]:
-    """An option typed on the command line that the run would not read: one its algorithm does not use
-    (loss.ignored_fields), or one of a mode that is off (MODE_OPTIONS). Refused, as --dynamic-clip on an algorithm
-    without it is: a setting that silently changes nothing is a run other than the one meant."""
+def unread_problems(a: Args, typed: dict, preset: str, untyped: dict) -> list[str]:
+    """An option typed on the command line whose value would change something the run does not do: one its algorithm
+    does not use (loss.ignored_fields), or one of a mode that is off (MODE_OPTIONS), given a value other than the one
+    the run has without it (its default, the --config file's or the resumed run's own) and other than its "off"
+    (OFF_VALUES; False for a switch). Refused, as --dynamic-clip on an algorithm without it is: a setting that
+    silently changes nothing is a run other than the one meant. An explicit default or "off" is taken: scripts and
+    config files write them. untyped: the values from the --config file or the resumed run's config.json."""
     problems = []
     ignored = set(L.ignored_fields(a.loss))
-    for name in [f.name for f in RUN_FIELDS + LOSS_FIELDS if f.name in given]:
+    now = flat_flags(a)
+    kinds = {f.name: field_type(f) for f in RUN_FIELDS + LOSS_FIELDS}
+    for name in [f.name for f in RUN_FIELDS + LOSS_FIELDS if f.name in typed]:
+        if name not in ignored and not (name in MODE_OPTIONS and not MODE_OPTIONS[name][0](a)):
+            continue
+        without = flat_flags(resolve(preset, {**untyped, **{k: v for k, v in typed.items() if k != name}},
+                                     name_folder=False))[name]
+        if now[name] == without or now[name] == OFF_VALUES.get(name, False if kinds[name] is bool else None):
+            continue
         flag = "--" + name.replace("_", "-")
         if name in ignored:
             readers = [algo for algo, spec in L.ALGORITHMS.items() if name in spec.reads]
@@ -376,10 +392,23 @@ def unread_problems(a: Args, given) -> list[str]:
             problems.append(f"{flag} does not apply to {a.loss.algo} (only {named} "
                             f"read{'s' if len(readers) == 1 else ''} it); leave it out, or choose "
                             f"{'it' if len(readers) == 1 else 'one of those'} with --algo")
-        elif name in MODE_OPTIONS and not MODE_OPTIONS[name][0](a):
+        elif name == "checkpoint_every":  # the name reads as "save every N steps", which is --save-every
+            problems.append(f"{flag} is read only with {MODE_OPTIONS[name][1]}, which this run does not use: it "
+                            "recomputes the activations of every k-th decoder layer in backward, it does not save "
+                            f"the run; to save the run every {now[name]} steps, give --save-every {now[name]}; to "
+                            "recompute activations, add --gradient-checkpointing")
+        else:
             problems.append(f"{flag} is read only with {MODE_OPTIONS[name][1]}, which this run does not use; leave "
-                            "it out, or turn that on")
+                            f"it out{taken(name, kinds[name])}, or turn that on")
     return problems
+
+
+def taken(name: str, kind) -> str:
+    """The "off" of an option read only in a mode, as it is given, where it has one: taken as the default is."""
+    flag = "--" + name.replace("_", "-")
+    if kind is bool:
+        return f" (or give --no-{flag[2:]})"
+    return f" (or give {flag} {OFF_VALUES[name]})" if name in OFF_VALUES else ""
 
 
 def model_problems(model: str) -> list[str]:
@@ -441,8 +470,8 @@ def parse_args(argv=None, description: str = "", prog: str = "train.py") -> Args
         given["output_dir"] = run_dir  # where the run is now, if its folder was moved since it started
     args = resolve(preset, {**from_file, **given})
     problems = validate(args)
-    if not problems and not args.resume:  # typed, not in a --config file: one may hold settings for several runs
-        problems = unread_problems(args, set(given))
+    if not problems:  # typed, not in a --config file (one may hold settings for several runs); on --resume as well
+        problems = unread_problems(args, given, preset, from_file)
     if problems:
         parser.error(named_source(problems[0], given, from_file, source) + "".join(f"; {p}" for p in problems[1:]))
     args.preset = preset
@@ -645,6 +674,8 @@ def read_config(path: str, parser, what: str | None = None) -> tuple[dict, str |
             fail(f"unknown flag {_short(key)}" + (f"; did you mean {close!r}?" if close else ""))
         if name in out:
             fail(f"{name} is given twice (as {_short(key)})")
+        if isinstance(value, _Word):  # YAML 1.1's on/off/yes/no: a switch's value, or a text option's word as written
+            value = value.switch if field_type(known[name]) is bool else str(value)
         problem = _value_problem(key, value, known[name])
         if problem:
             fail(problem)
@@ -722,6 +753,17 @@ class _Written(float):
         return cls(float(text), text)
 
 
+class _Word(str):
+    """A plain YAML on, off, yes or no (any case), which YAML 1.1 reads as a boolean: kept as written, with the
+    boolean beside it (switch), so that `region_grad_norms: off` is the text its option expects and
+    `dynamic_sampling: off` still a switch. true and false are booleans in YAML 1.2 and JSON alike, and stay so."""
+
+    def __new__(cls, text, switch):
+        word = super().__new__(cls, text)
+        word.switch = switch
+        return word
+
+
 class _Duplicate(ValueError):
     pass
 
@@ -741,7 +783,7 @@ def _no_duplicates(pairs):
 
 def _load_yaml(text):
     """yaml.safe_load with anchors and aliases refused (before anything is built), duplicate keys refused, and YAML
-    1.2's float syntax (1e-4, not only 1.0e-4); numbers keep their text (_Written)."""
+    1.2's float syntax (1e-4, not only 1.0e-4); numbers keep their text (_Written), and on/off/yes/no theirs (_Word)."""
     import yaml
 
     class Loader(yaml.SafeLoader):
@@ -760,6 +802,9 @@ def _load_yaml(text):
                 seen.add(key)
             return super().construct_mapping(node, deep)
 
+    Loader.add_constructor("tag:yaml.org,2002:bool", lambda loader, node: (
+        loader.construct_yaml_bool(node) if node.value.lower() in ("true", "false")
+        else _Word(node.value, loader.construct_yaml_bool(node))))
     Loader.add_constructor("tag:yaml.org,2002:float",
                            lambda loader, node: _Written(loader.construct_yaml_float(node), node.value))
     Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}

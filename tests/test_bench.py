@@ -75,6 +75,11 @@ def test_step_flags_are_checked(monkeypatch, capsys, flags, message):
     (["--only", "loss", "--logprobs-tokens", "0"], "--logprobs-tokens 0: must be >= 1"),
     (["--device", "tpu"], "argument --device: invalid choice: 'tpu' (choose from 'cpu', 'cuda')"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--only", "update_throughput", "--update-attn", "bogus"],  # was transformers' ValueError, the model being built
+     "argument --update-attn: invalid choice: 'bogus' (choose from 'preset', 'sdpa', 'eager', 'flash_attention_2')"),
+    (["--only", "update_throughput", "--update-attn", "flash_attention_2"],
+     "--update-attn flash_attention_2 runs on CUDA only: give --device cuda, or another attention (preset, sdpa, "
+     "eager)"),
 ])
 def test_bad_flags_are_one_line_and_exit_2_before_any_section_runs(monkeypatch, capsys, argv, message):
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)

@@ -15,6 +15,7 @@ from test_bad_input import fake_checkpoint, run_train_in_process, without_torch,
 from test_runfolder import recorded_run
 
 import evaluate
+from cegppo_utils import flags
 from cegppo_utils import runfolder as RF
 from cegppo_utils.runfolder import paths
 
@@ -289,6 +290,117 @@ def test_default_folders_are_one_per_run(tmp_path, monkeypatch):
     a, b = (folder("--train-data", f"data/{n}.jsonl", "--eval-every", "0") for n in ("a_b", "a-b"))
     assert a != b and a.startswith("runs/tiny-train-data-data-a_b.jsonl-") and b.startswith(
         "runs/tiny-train-data-data-a-b.jsonl-")
+
+
+# --- an option the run does not read: refused only for a value that asks for something (issue 74) ---------------
+
+def refusal(argv, capsys) -> str:
+    """train.py's command line refuses argv in one line with exit code 2: that line."""
+    with pytest.raises(SystemExit) as stopped:
+        parse_train_args(argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1, err
+    return err.strip()
+
+
+def test_an_explicit_default_or_off_is_taken_where_its_option_is_not_read(tmp_path, capsys):
+    """Each was refused as "leave it out, or turn that on", although none asks for anything the run does not do:
+    scripts and config files write defaults and offs. Typed, from a JSON or a YAML config, the same run; a value that
+    asks for something is still refused, and the line says which value is taken."""
+    taken = {"--algo gpg --region-grad-norms off": ("region_grad_norms", "off"),
+             "--algo gpg --region-grad-norms last": ("region_grad_norms", "last"),
+             "--checkpoint-every 1": ("checkpoint_every", 1),
+             "--no-selective-checkpointing": ("selective_checkpointing", False),
+             "--no-fsdp-one-process": ("fsdp_one_process", False),
+             "--max-rl --no-scale-adv-by-std": ("scale_adv_by_std", False),
+             "--max-rl --scale-adv-by-std": ("scale_adv_by_std", True),
+             "--algo grpo --beta1 0 --beta2 0": ("beta2", 0.0),  # CE-GPPO's terms at 0: grpo's clipped tokens
+             "--algo grpo --beta1 0.5": ("beta1", 0.5),
+             "--algo gspo --clip-ratio-c 0": ("clip_ratio_c", 0.0),
+             "--micro-batch-tokens 512 --micro-batch-size 32": ("micro_batch_size", 32),
+             "--rollout-correction none --rollout-correction-threshold 2": ("rollout_correction_threshold", 2.0)}
+    for line, (name, value) in taken.items():
+        assert flags.flat_flags(parse_train_args(line.split()))[name] == value, line
+    config = {"algo": "gpg", "region_grad_norms": "off", "checkpoint_every": 1, "selective_checkpointing": False,
+              "fsdp_one_process": False, "max_rl": True, "scale_adv_by_std": False}
+    typed = parse_train_args(["--algo", "gpg", "--region-grad-norms", "off", "--checkpoint-every", "1",
+                              "--no-selective-checkpointing", "--no-fsdp-one-process", "--max-rl",
+                              "--no-scale-adv-by-std", "--output-dir", str(tmp_path / "run")])
+    json_file = write(tmp_path / "c.json", json.dumps(config))
+    yaml_file = write(tmp_path / "c.yaml", "algo: gpg\nregion_grad_norms: off\ncheckpoint_every: 1\n"
+                                           "selective_checkpointing: no\nfsdp_one_process: off\nmax_rl: yes\n"
+                                           "scale_adv_by_std: false\n")
+    for source in (json_file, yaml_file):
+        from_file = parse_train_args(["--config", source, "--output-dir", str(tmp_path / "run")])
+        assert flags.flat_flags(from_file) == flags.flat_flags(typed), source
+    for argv, said in (
+            (["--algo", "gpg", "--region-grad-norms", "all"],
+             "--region-grad-norms is read only with --precision fp32 on one process, with an algorithm that has clip "
+             "regions, which this run does not use; leave it out (or give --region-grad-norms off), or turn that on"),
+            (["--selective-checkpointing"], "--selective-checkpointing is read only with --gradient-checkpointing, "
+             "which this run does not use; leave it out (or give --no-selective-checkpointing), or turn that on"),
+            (["--fsdp-one-process"], "--fsdp-one-process is read only with --precision bf16 in one process"),
+            (["--algo", "grpo", "--beta1", "0.3"], "--beta1 does not apply to grpo (only ce_gppo reads it)"),
+            (["--algo", "gspo", "--clip-ratio-c", "3"], "--clip-ratio-c does not apply to gspo"),
+            (["--rollout-correction", "token-tis", "--icepop-low", "0.3"], "--icepop-low is read only with "
+             "--rollout-correction token-icepop, which this run does not use; leave it out, or turn that on")):
+        assert said in refusal(argv, capsys), argv
+
+
+def test_checkpoint_every_alone_says_what_it_is_and_names_save_every(capsys):
+    """`--checkpoint-every 10` alone pointed only to --gradient-checkpointing; whoever typed it most likely meant to
+    save the run every 10 steps."""
+    assert refusal(["--checkpoint-every", "10"], capsys) == (
+        "train.py: error: --checkpoint-every is read only with --gradient-checkpointing, which this run does not use: "
+        "it recomputes the activations of every k-th decoder layer in backward, it does not save the run; to save the "
+        "run every 10 steps, give --save-every 10; to recompute activations, add --gradient-checkpointing")
+    assert parse_train_args(["--gradient-checkpointing", "--checkpoint-every", "10"]).checkpoint_every == 10
+
+
+def test_a_resume_refuses_what_it_cannot_honour_as_a_fresh_run_does(tmp_path, capsys):
+    """`--resume BF16RUN --max-steps 2 --region-grad-norms all` was taken, config.json then recorded "all", and no
+    split was ever logged (a bf16 run cannot), where a fresh bf16 run refused the flag. Refused alike now, before
+    torch loads, the run's folder left as it was; its default and "off" are taken, as the rule for a fresh run takes
+    them, and on an fp32 run "all" is what it says."""
+    bf16, fp32 = tmp_path / "bf16", tmp_path / "fp32"
+    recorded_run(bf16, ["--precision", "bf16", "--max-steps", "4"], steps=[2])
+    recorded_run(fp32, ["--max-steps", "4"], steps=[2])
+    fresh = refusal(["--precision", "bf16", "--region-grad-norms", "all"], capsys)
+    before = listing(bf16)
+    line = refused(tmp_path, "train.py", "--resume", str(bf16), "--max-steps", "2", "--region-grad-norms", "all",
+                   text="--region-grad-norms is read only with --precision fp32 on one process")
+    assert line == fresh and listing(bf16) == before
+    for value in ("last", "off"):
+        resumed = parse_train_args(["--resume", str(bf16), "--max-steps", "3", "--region-grad-norms", value])
+        assert (resumed.region_grad_norms, resumed.max_steps, resumed.precision) == (value, 3, "bf16")
+    assert parse_train_args(["--resume", str(fp32), "--region-grad-norms", "all"]).region_grad_norms == "all"
+
+
+def test_yaml_on_off_yes_and_no_are_the_words_a_text_option_expects(tmp_path, capsys):
+    """`region_grad_norms: off` in a YAML config was refused as "must be a str, got False": YAML 1.1 reads a plain
+    on/off/yes/no as a boolean. For a text option it is the word as written; for a switch, still the switch; for a
+    number, a refusal naming the word. true and false stay booleans (YAML 1.2 and JSON read them so)."""
+    config = write(tmp_path / "c.yaml", "region_grad_norms: off\ndynamic_sampling: Off\ncurves: yes\nrun_name: No\n")
+    args = parse_train_args(["--config", config])
+    assert (args.region_grad_norms, args.dynamic_sampling, args.curves, args.run_name) == ("off", False, True, "No")
+    for text, said in (("max_steps: on\n", "max_steps must be an int, got 'on'"),
+                       ("region_grad_norms: ON\n", "region_grad_norms must be one of ['all', 'last', 'off'], got 'ON'"),
+                       ("region_grad_norms: false\n", "region_grad_norms must be a str, got False")):
+        path = write(tmp_path / "bad.yaml", text)
+        assert refusal(["--config", path], capsys) == f"train.py: error: --config {path}: {said}", text
+
+
+def test_under_torchrun_rank_0_alone_prints_a_refusal(tmp_path):
+    """torchrun starts each rank with the same flags: each printed the refusal (2 lines, interleaved at random). Every
+    rank ends with exit code 2; rank 0 (RANK, set before anything starts) says why, once."""
+    ranks = {**without_torch(tmp_path), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    said = [command(tmp_path, "train.py", "--checkpoint-every", "10", "--max-stepz", "3",
+                    env={**ranks, "RANK": rank, "LOCAL_RANK": rank}) for rank in "01"]
+    assert said[0][0] == 2 and said[0][1] == "" and said[0][2].count("\n") == 1, said[0]
+    assert "--max-stepz -> --max-steps" in said[0][2] and said[1] == (2, "", "")
+    said = [command(tmp_path, "train.py", "--checkpoint-every", "10", env={**ranks, "RANK": rank, "LOCAL_RANK": rank})
+            for rank in "01"]
+    assert "give --save-every 10" in said[0][2] and said[0][2].count("\n") == 1 and said[1] == (2, "", "")
 
 
 # --- wording ---------------------------------------------------------------------------------------------------------

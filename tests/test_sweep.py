@@ -1,7 +1,8 @@
 """Issue 65's sweep: every entry point (train.py, evaluate.py, python -m tools.study, study_collapse, study_active,
-mechanism, configs, python -m cegppo_utils.plot, python -m cegppo_utils.runfolder export) against each class of bad
-input: numbers of any size, a FIFO at a file the command reads, damaged rows and records, output paths that cannot be
-written (a name too long, a file in the way, a trailing slash, a FIFO at the name), and a folder that holds no run.
+mechanism, configs, bench, python -m cegppo_utils.plot, python -m cegppo_utils.runfolder export) against each class of
+bad input: numbers of any size, a FIFO at a file the command reads, damaged rows and records, output paths that cannot
+be written (a name too long, a file in the way, a trailing slash, a FIFO at the name), a folder that holds no run, and
+(issue 74) a flag that a resume cannot honour, a YAML word where a number goes, an attention bench does not know.
 Each case is a subprocess with torch and transformers unimportable (test_bad_input.without_torch) that must end within
 seconds in one line on stderr and exit code 2, naming what was wrong: before any expensive work, and before torch."""
 
@@ -31,6 +32,8 @@ def runs(tmp):
                  "study-no-step": tmp / "study-no-step" / "tiny" / "grpo-s0"})
     for folder in made.values():
         recorded_run(folder, ["--max-steps", "4"], steps=[2])
+    made["bf16"] = tmp / "runs" / "bf16"
+    recorded_run(made["bf16"], ["--max-steps", "4", "--precision", "bf16"], steps=[2])
     for name, file in (("fifo-metrics", "metrics.jsonl"), ("study-fifo", "metrics.jsonl"),
                        ("fifo-config", "config.json"), ("fifo-lock", ".lock")):
         if os.path.exists(made[name] / file):
@@ -60,6 +63,7 @@ def cases(tmp):
     (tmp / "D").mkdir()
     write(tmp / "huge.json", '{"lr": ' + N401 + "}")
     write(tmp / "bench.jsonl", '{"problem": "1 + 1?", "answer": 2}\n')
+    write(tmp / "on.yaml", "max_steps: on\n")
     from test_study_collapse import good
     study = good()
     next(iter(next(iter(study.values())).values()))["steps"][2]["acc_mean"] = None
@@ -92,6 +96,11 @@ def cases(tmp):
         ("train", ["train.py", "--resume", r["torn-middle"]], "metrics.jsonl: line 2 is not valid JSON"),
         ("train", ["train.py", "--resume", r["resumes-5"]], "config.json: its resumes is 5"),
         ("train", ["train.py", "--resume", ""], "--resume is given an empty folder name"),
+        ("train", ["train.py", "--resume", r["bf16"], "--max-steps", "2", "--region-grad-norms", "all"],
+         "--region-grad-norms is read only with --precision fp32 on one process"),
+        ("train", tr + ["--checkpoint-every", "10"], "give --save-every 10; to recompute activations, add "
+                                                     "--gradient-checkpointing"),
+        ("train", tr + ["--config", f"{t}/on.yaml"], "on.yaml: max_steps must be an int, got 'on'"),
         ("train", tr[:-1] + [f"{file}/run"], f"cannot be created ({file} is a file)"),
         ("train", tr[:-1] + [f"{t}/D/NEW1/NEW2/{long}"], "has a name of 300 bytes"),
         ("train", tr[:-1] + [fifo], "is a FIFO, not a folder"),
@@ -137,6 +146,10 @@ def cases(tmp):
         ("mechanism", me[:-1] + [f"{file}/m.json"], f"its folder {file} is a file, not a folder"),
         ("mechanism", me[:-1] + [fifo], "is a FIFO, not a regular file"),
         ("configs", ["-m", "tools.configs", "grpo", "nope"], "unknown configuration(s) ['nope']"),
+        # python -m tools.bench
+        ("bench", ["-m", "tools.bench", "--only", "update_throughput", "--update-attn", "bogus"],
+         "argument --update-attn: invalid choice: 'bogus'"),
+        ("bench", ["-m", "tools.bench", "--update-attn="], "argument --update-attn: an empty value"),
         # python -m cegppo_utils.plot
         ("plot", ["-m", "cegppo_utils.plot", r["fifo-metrics"]], "is a FIFO, not a regular file"),
         ("plot", ["-m", "cegppo_utils.plot", r["no-step"]], "metrics.jsonl: line 2 has no step"),
@@ -199,7 +212,7 @@ def test_every_entry_point_ends_bad_input_in_one_line_and_exit_2_before_torch(sw
                          f"{text!r}; stderr: {err[-600:]}")
     assert not wrong, "\n".join(wrong)
     assert {entry for entry, _, _ in found} == {"train", "evaluate", "study", "study_collapse", "study_active",
-                                                "mechanism", "configs", "plot", "export"}
+                                                "mechanism", "configs", "bench", "plot", "export"}
     assert len(found) >= 60, len(found)
 
 

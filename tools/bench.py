@@ -44,9 +44,12 @@ Sections:
             16,384-token responses: peak memory with full logits against the fused log-probs, each in a fresh process
 """
 
+# --update-attn is read before the import below that loads torch, so imports follow code here:
+# ruff: noqa: E402
 import argparse
 import contextlib
 import functools
+import importlib.util
 import json
 import math
 import os
@@ -57,6 +60,23 @@ import statistics
 import subprocess
 import sys
 import time
+
+from cegppo_utils import cli
+
+# What --update-attn may name: "preset" (attention.py, as train.py runs it) or one of transformers' attn_implementation
+# values; another name ended in transformers' ValueError once torch had loaded and the model was being built
+UPDATE_ATTENTION = ("preset", "sdpa", "eager", "flash_attention_2")
+
+
+def add_update_attn(parser):
+    parser.add_argument("--update-attn", default="preset", choices=UPDATE_ATTENTION,
+                        help="update_throughput: attention, 'preset' (attention.py, as train.py runs it) or a "
+                             "transformers attn_implementation (flash_attention_2: on CUDA, with flash-attn installed)")
+    return parser
+
+
+if __name__ == "__main__":  # a mistyped attention is answered before torch loads (5-30 s), in one line
+    add_update_attn(cli.Parser("bench.py", add_help=False)).parse_known_args()
 
 import torch
 
@@ -1121,7 +1141,6 @@ DEFAULT_SECTIONS = [name for name in SECTIONS if name != "update_levers"]
 
 
 def make_parser():
-    from cegppo_utils import cli
     parser = cli.Parser("bench.py", description=__doc__)
     parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS),
                         help=f"comma-separated sections from {list(SECTIONS)} (default: all but update_levers)")
@@ -1144,8 +1163,7 @@ def make_parser():
                         help="update_throughput: --micro-batch-tokens (0: the default)")
     parser.add_argument("--update-repeats", type=int, default=None, help="update_throughput, update_levers: "
                         "alternating rounds measured (default: 3 for update_throughput, 1 for update_levers)")
-    parser.add_argument("--update-attn", default="preset", help="update_throughput: attention, 'preset' (attention.py, "
-                        "as train.py runs it) or a transformers attn_implementation (sdpa | eager | flash_attention_2)")
+    add_update_attn(parser)
     parser.add_argument("--_trl-worker", default=None, help=argparse.SUPPRESS)  # internal: the TRL side of `step`
     return parser
 
@@ -1153,7 +1171,6 @@ def make_parser():
 def argument_checks(parser, args) -> list[str]:
     """Every bad input, one line and exit code 2 before any section runs (the output's folder made now): the sections
     to run."""
-    from cegppo_utils import cli
     if args.step_steps < 2 or args.step_repeats < 1:
         parser.error("--step-steps must be >= 2 (the first step is warm-up) and --step-repeats >= 1")
     if args.step_prompts < 1 or args.step_micro_batch < 1 or (args.step_prompts * 8) % args.step_micro_batch:
@@ -1173,6 +1190,13 @@ def argument_checks(parser, args) -> list[str]:
     if args.device == "cuda" and reads_device and not torch.cuda.is_available():
         parser.error(f"--device cuda: no CUDA device here (torch {torch.__version__}); {', '.join(reads_device)} "
                      "would run on it: run them with --device cpu, or on a GPU")
+    if "update_throughput" in names and args.update_attn == "flash_attention_2":  # transformers' error, after torch
+        if args.device != "cuda":
+            parser.error("--update-attn flash_attention_2 runs on CUDA only: give --device cuda, or another attention "
+                         f"({', '.join(a for a in UPDATE_ATTENTION if a != 'flash_attention_2')})")
+        if importlib.util.find_spec("flash_attn") is None:
+            parser.error("--update-attn flash_attention_2 needs the flash-attn package, not installed here; or give "
+                         "--update-attn preset (attention.py's varlen kernels)")
     args.output = args.output and os.path.expanduser(args.output)
     problem = args.output and cli.output_problem(args.output, "--output", create=True)
     if problem:  # before the sections run (minutes), not when their results are written; its folder made now

@@ -114,7 +114,8 @@ def test_study_refuses_an_empty_value_a_fifo_and_a_record_it_cannot_read(files):
     for argv, message in cases:
         assert one_line(base + argv, files).startswith(f"study.py: error: {message}"), argv
     assert sorted(os.listdir(files)) == ["a_file", "a_folder", "blocks", "fifo", "garbage.json", "good.json",
-                                         "lacking.json", "list.json", "torn.json"]
+                                         "good.json.gz", "lacking.json", "list.json", "plain.json.gz", "torn.json",
+                                         "torn.json.gz"]
 
 
 def test_mechanism_refuses_before_torch_loads(files):

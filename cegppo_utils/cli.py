@@ -20,7 +20,7 @@ from cegppo_utils.data import UserError, first_line
 from cegppo_utils.runfolder import one_line  # the one rule train.py's and evaluate.py's messages follow too
 from cegppo_utils.runfolder.paths import _kind, folder_problem, output_problem, outputs_problem  # noqa: F401
 from cegppo_utils.runfolder.process import LIMIT, escape, short  # noqa: F401 (the tools' cli.short, cli.escape)
-from cegppo_utils.runfolder.reading import read_bytes
+from cegppo_utils.runfolder.reading import gunzip, read_bytes
 
 
 def fail(prog: str, message) -> None:
@@ -121,12 +121,14 @@ _JSON_TYPES = {dict: "an object", list: "a list", str: "a string", int: "a numbe
 
 def read_json(path: str, flag: str, want=dict, what: str = "a JSON object"):
     """The JSON value of the file `path` (given by `flag`), which must be a `want`: anything else is a one-line
-    UserError naming the flag, the file and what it holds instead of `what`."""
+    UserError naming the flag, the file and what it holds instead of `what`. A name ending in .gz is read gzip'd (the
+    committed studies' JSONs), any other as plain UTF-8."""
     problem = input_problem(path, flag)
     if problem:
         raise UserError(problem)
     try:  # the run's own reader: a file swapped for a FIFO since the check is refused, not opened
-        value = json.loads(read_bytes(path, f"{flag} ").decode("utf-8"))
+        data = read_bytes(path, f"{flag} ")
+        value = json.loads((gunzip(data) if path.endswith(".gz") else data).decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise UserError(f"{flag} {short(path)}: not {what} ({type(e).__name__}: {first_line(e)})") from None
     if not isinstance(value, want):

@@ -1,6 +1,7 @@
 """mechanism.py: the first-order entropy prediction against a real gradient step on a softmax, the interval
 statistics, and a short paired run that reproduces itself with its sanity lines at exactly 0."""
 
+import gzip
 import json
 import math
 import subprocess
@@ -55,13 +56,13 @@ def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
                    "--micro-batch-size", "16", "--lr", "0.01", "--sampler", "hf"]
     for i, configs in enumerate(("ppo_clip,ppo_clip_repeat,ce_gppo_1_1,gppo,entropy_0.003,grpo,adaptive_entropy,"
                                  "grpo_kl_0.04,dapo,top_entropy_0.2", "ppo_clip,gppo")):
-        out = tmp_path / f"run{i}.json"
+        out = tmp_path / ("run0.json", "run1.json.gz")[i]  # the second packed, as the committed ones are
         done = subprocess.run([sys.executable, "-m", "tools.mechanism", "--preset", "tiny", "--batches", "2",
                                "--probe-prompts", "4", "--fresh-prompts", "4", "--configs", configs,
                                "--output", str(out), *train_flags],
                               cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
-        outputs.append(json.loads(out.read_text()))
+        outputs.append(json.loads(gzip.decompress(out.read_bytes()) if i else out.read_text()))
         printed.append(done.stdout)
         assert (tmp_path / f"run{i}.png").exists()
     first, second = outputs
@@ -103,5 +104,5 @@ def test_the_figure_is_never_written_through_a_link(tmp_path):
     configs = ["ppo_clip", "ce_gppo_1_1"]
     summary = {c: {"dH_vs_ppo_mean": 0.001, "dH_vs_ppo_ci95": [0.0, 0.002]} for c in configs}
     records = [{"configs": {c: {"predicted": 0.1 * b, "dH": 0.01 * b} for c in configs}} for b in range(3)]
-    M.draw(summary, records, configs, str(tmp_path / "m.png"), "a title")
+    M.draw(summary, records, configs, M.figure_path(str(tmp_path / "m.json.gz")), "a title")
     assert mine.read_text() == "a user's file\n" and (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG"

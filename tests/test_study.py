@@ -181,6 +181,33 @@ def test_a_step_logged_twice_is_read_once_keeping_the_last_and_the_json_is_not_r
     assert [r["step"] for r in data["grpo"]["0"]["steps"]] == [0, 1] and path.read_bytes() == before
 
 
+def test_a_study_stored_gzipd_reads_as_its_plain_json_and_collect_keeps_it_packed(tmp_path):
+    """The committed studies are .json.gz: load_study reads one as the plain JSON reads (here the second study's
+    block B, unpacked by the gzip module), the writer packs the same JSON to the same bytes (mtime 0, no file name),
+    and collect rewrites a packed study packed, found under either name (study_json.stored)."""
+    import gzip
+
+    from cegppo_utils import runfolder
+    from tools import study_json
+    packed = os.path.join(ROOT, "docs", "figures", "study-merge-active-b.json.gz")
+    plain = tmp_path / "study-merge-active-b.json"
+    plain.write_bytes(gzip.decompress(open(packed, "rb").read()))
+    committed = study_json.load_study(packed)
+    assert committed == study_json.load_study(str(plain)) and len(committed["grpo"]) >= 4
+    path = tmp_path / "study.json.gz"
+    text = json.dumps({"grpo": {"0": {"steps_done": 1, "steps": [{"step": 1, "eval_acc": 0.5}]}}})
+    runfolder.write_text_atomically(str(path), text)
+    first = path.read_bytes()
+    runfolder.write_text_atomically(str(path), text)
+    assert path.read_bytes() == first and gzip.decompress(first) == text.encode()
+    assert first[:10] == b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"  # no flags (no file name), mtime 0
+    assert study_json.stored(str(tmp_path / "study.json")) == str(path)  # an older command's plain name finds it
+    write_jsonl(tmp_path / "runs" / "grpo-s1" / "metrics.jsonl", [{"step": 1, "reward_mean": 0.25}])
+    study.collect(str(path), str(tmp_path / "runs"), ["grpo"], [0, 1])
+    assert json.loads(gzip.decompress(path.read_bytes()))["grpo"]["1"]["steps_done"] == 1
+    assert not (tmp_path / "study.json").exists()
+
+
 def test_a_resume_without_a_checkpoint_sets_the_old_rows_aside_so_step_0_is_logged_once(tmp_path):
     out = tmp_path / "run"
     write_jsonl(out / "metrics.jsonl",

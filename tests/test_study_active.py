@@ -173,6 +173,13 @@ def test_runs_pair_within_a_block_and_the_blocks_pool(tmp_path):
     for p, block in ((path, a), (tmp_path / "study-merge-active-b.json", b)):
         p.write_text(__import__("json").dumps(block))
     assert A.block_paths(str(path)) == [str(path), str(tmp_path / "study-merge-active-b.json")]
+    packed = tmp_path / "packed"  # the committed blocks are .json.gz; one not packed yet is read under its plain name
+    packed.mkdir()
+    for name in ("s.json.gz", "s-b.json.gz", "s-c.json", "s-b.json"):
+        (packed / name).write_text("")
+    want = [str(packed / name) for name in ("s.json.gz", "s-b.json.gz", "s-c.json")]
+    assert A.block_paths(str(packed / "s.json.gz")) == want
+    assert [A.block_letter(p) for p in A.block_paths(str(packed / "s.json"))[1:]] == ["B", "C"]
     study = A.merge_blocks([a, b])
     assert sorted(study["grpo"], key=A.seed_order) == ["0", "1", "B1", "B2"]
     assert study["_blocks"] == {"A": "be4a413e32125925", "B": "0123456789abcdef"}

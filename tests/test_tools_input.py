@@ -38,6 +38,9 @@ def files(tmp_path):
     (tmp_path / "blocks").mkdir()
     (tmp_path / "blocks" / "study.json").write_text(json.dumps({"grpo": {"0": run}}))
     (tmp_path / "blocks" / "study-b.json").write_text('{"grpo": {"1": {"steps_do')
+    runfolder.write_text_atomically(str(tmp_path / "good.json.gz"), json.dumps({"grpo": {"0": run}}))
+    (tmp_path / "torn.json.gz").write_bytes((tmp_path / "good.json.gz").read_bytes()[:-9])  # a partial copy
+    (tmp_path / "plain.json.gz").write_text(json.dumps({"grpo": {"0": run}}))  # named .gz, never packed
     return tmp_path
 
 
@@ -53,6 +56,10 @@ def test_study_active_refuses_each_bad_json_in_one_line(files):
         (f"{t}/torn.json", f"--json {t}/torn.json: not a study's JSON (JSONDecodeError: Unterminated string starting "
                            "at: line 1 column 34 (char 33))"),
         (f"{t}/list.json", f"--json {t}/list.json: not a study's JSON (it holds a list)"),
+        (f"{t}/torn.json.gz", f"--json {t}/torn.json.gz: not a study's JSON (ValueError: its gzip stream ends early "
+                              "(a torn or partly copied file))"),
+        (f"{t}/plain.json.gz", f"--json {t}/plain.json.gz: not a study's JSON (ValueError: not gzip: Error -3 while "
+                               "decompressing data: incorrect header check)"),
         (f"{t}/blocks/study.json", f"--json's block B {t}/blocks/study-b.json: not a study's JSON (JSONDecodeError: "
                                    "Unterminated string starting at: line 1 column 17 (char 16))"),
         ("", "argument --json: an empty value (an unset shell variable?): give one, or leave the flag out"),
@@ -107,7 +114,8 @@ def test_study_refuses_an_empty_value_a_fifo_and_a_record_it_cannot_read(files):
     for argv, message in cases:
         assert one_line(base + argv, files).startswith(f"study.py: error: {message}"), argv
     assert sorted(os.listdir(files)) == ["a_file", "a_folder", "blocks", "fifo", "garbage.json", "good.json",
-                                         "lacking.json", "list.json", "torn.json"]
+                                         "good.json.gz", "lacking.json", "list.json", "plain.json.gz", "torn.json",
+                                         "torn.json.gz"]
 
 
 def test_mechanism_refuses_before_torch_loads(files):

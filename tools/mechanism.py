@@ -1,8 +1,11 @@
 """The entropy mechanism, measured paired: what one training step of each loss does to the policy's entropy.
 
-    python -m tools.mechanism --preset tiny --start warm --output docs/figures/mechanism-tiny-warm.json
-    python -m tools.mechanism --preset tiny --start midrun --output docs/figures/mechanism-tiny-midrun.json
+    python -m tools.mechanism --preset tiny --start warm --output docs/figures/mechanism-tiny-warm.json.gz
+    python -m tools.mechanism --preset tiny --start midrun --output docs/figures/mechanism-tiny-midrun.json.gz
     python -m tools.mechanism --preset tiny --batches 2 --gen-prompts 8 --train-prompts 8 --output quick.json
+
+An --output named .gz is written gzip'd (as the committed ones are), any other as plain JSON; the figure goes beside
+it, named as the JSON without .json(.gz): docs/figures/mechanism-tiny-warm.png.
 
 Any flag that is not mechanism.py's own is a train.py flag, applied to the sampling and to every config's step (not
 to the training of the mid-run start point, which uses the preset as it is).
@@ -42,6 +45,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
+def figure_path(output: str) -> str:
+    """Where the figure of the JSON `output` goes: its name without .gz and the JSON's suffix, as a .png."""
+    return os.path.splitext(output.removesuffix(".gz"))[0] + ".png"
+
+
 def command_line():
     """(mechanism.py's own flags, the train.py flags), checked: a bad flag of either ends here, in one line."""
     parser = cli.Parser("mechanism.py", description=__doc__)
@@ -58,7 +66,8 @@ def command_line():
     parser.add_argument("--configs", default=",".join(MECHANISM_DEFAULT), help=f"comma-separated, from {list(CONFIGS)}")
     parser.add_argument("--root", default=os.path.join(ROOT, "runs", "mechanism"),
                         help="where the mid-run checkpoint goes")
-    parser.add_argument("--output", required=True, help="the JSON (a .png of the same name beside it)")
+    parser.add_argument("--output", required=True, help="the JSON, gzip'd where its name ends in .gz (a .png of the "
+                        "same name beside it)")
     args, train_flags = parser.parse_known_args()  # any other flag is a train.py flag for the paired steps
     flags.parse_args(["--preset", args.preset, *train_flags], prog="mechanism.py")  # a bad one ends here
     configs = cli.choices(parser, args.configs, CONFIGS, "--configs", "config")
@@ -71,7 +80,7 @@ def command_line():
         if value < 1:
             parser.error(f"{flag} {value}: must be >= 1")
     args.output, args.root = os.path.expanduser(args.output), os.path.expanduser(args.root)
-    figure = os.path.splitext(args.output)[0] + ".png"
+    figure = figure_path(args.output)
     problem = cli.output_problem(args.output, "--output") or (
         f"--output {cli.short(args.output)}: {cli.short(figure)}, where its figure goes, is a folder"
         if os.path.isdir(figure) and not os.path.islink(figure) else None)
@@ -450,7 +459,7 @@ def main(args, train_flags, configs):
            "sanity": sanity, "correlation": correlations(records, configs), "records": records}
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     RF.write_json_atomically(args.output, out)
-    draw(summary, records, configs, os.path.splitext(args.output)[0] + ".png",
+    draw(summary, records, configs, figure_path(args.output),
          f"{args.preset}, {args.start} start: one training step per config from the same weights, "
          f"{args.batches} batches")
     print(f"sanity: ppo_clip_repeat - ppo_clip = {sanity['ppo_clip_repeat_minus_ppo_clip_max_abs']} (must be 0); "

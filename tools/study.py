@@ -19,8 +19,9 @@ run is skipped, an unfinished one continues from its last checkpoint (train.py -
 when it has none (its earlier rows then go to metrics.discarded.jsonl, so step 0 is logged once). Each run's
 hardware.jsonl says which machine ran which steps: a segment is noted when it starts (beside the run folder) and
 recorded when it ends, so a segment whose study was killed is kept too, marked interrupted. A study may run in parts
-and on several machines: the JSON (docs/figures/study-<preset>.json, {config: {seed: {start_acc, final_acc,
-best_acc, ..., steps: [...]}}}) is updated with the runs found, never emptied, so results accumulate; a run whose
+and on several machines: the JSON (docs/figures/study-<preset>.json.gz, gzip'd by its name, {config: {seed:
+{start_acc, final_acc, best_acc, ..., steps: [...]}}}) is updated with the runs found, never emptied, so results
+accumulate (--json X.json updates X.json.gz where only that exists: study_json.stored); a run whose
 metrics.jsonl is missing or ends before its newest checkpoint is refused with a line and leaves its record as it was.
 Table, figures, what the study could detect (detectability.md), the planned evaluations a run lacks, and the verdict
 on each of the paper's claims, read by the rules of docs/study-protocol.md (verdicts.md), go to
@@ -910,7 +911,8 @@ def path_problem(args, root, figures, json_path, mechanism_path) -> str | None:
         return cli.output_problem(json_path, "--json")
     blocks = study_active.block_paths(json_path)[1:] if args.preset == "merge-active" else []  # read by its report
     for path in [json_path, *blocks]:
-        problem = study_problem(path, "--json" if path == json_path else f"--json's block {path[-6].upper()}")
+        problem = study_problem(path, "--json" if path == json_path else f"--json's block "
+                                f"{study_active.block_letter(path)}")
         if problem:
             return problem
     lacking = [(name, seed, sorted(set(RECORD) - set(run)))
@@ -935,10 +937,10 @@ def make_parser() -> cli.Parser:
     parser.add_argument("--root", default=os.path.join(ROOT, "runs", "study"), help="where the runs go")
     parser.add_argument("--figures", default=None,
                         help="where figures and the table go (default: docs/figures/study-<preset>)")
-    parser.add_argument("--json", default=None, help="the study's JSON, updated with the runs found "
-                        "(default: docs/figures/study-<preset>.json)")
+    parser.add_argument("--json", default=None, help="the study's JSON, updated with the runs found, gzip'd where "
+                        "its name ends in .gz (default: docs/figures/study-<preset>.json.gz)")
     parser.add_argument("--mechanism", default=None, help="the one-step experiment's JSON, set beside the runs "
-                        "(default: docs/figures/mechanism-<preset>-warm.json, where it exists)")
+                        "(default: docs/figures/mechanism-<preset>-warm.json.gz, where it exists)")
     parser.add_argument("--plot-only", action="store_true", help="only redraw from existing runs (the report mode)")
     parser.add_argument("--no-plot", action="store_true", help="only run, do not draw")
     parser.add_argument("--parallel", type=int, default=1, help="runs at once, each pinned to cores / parallel cores")
@@ -1050,8 +1052,9 @@ def main():
     seeds, names, groups, extra, settings = argument_checks(parser, args, train_flags)
     root = os.path.join(args.root, args.preset)
     figures = args.figures or os.path.join(ROOT, "docs", "figures", f"study-{args.preset}")
-    json_path = args.json or os.path.join(ROOT, "docs", "figures", f"study-{args.preset}.json")
-    mechanism_path = args.mechanism or os.path.join(ROOT, "docs", "figures", f"mechanism-{args.preset}-warm.json")
+    json_path = study_json.stored(args.json or os.path.join(ROOT, "docs", "figures", f"study-{args.preset}.json.gz"))
+    mechanism_path = args.mechanism or study_json.stored(
+        os.path.join(ROOT, "docs", "figures", f"mechanism-{args.preset}-warm.json.gz"))
     problem = path_problem(args, root, figures, json_path, mechanism_path)
     if problem:
         parser.error(problem)

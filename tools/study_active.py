@@ -20,7 +20,7 @@ from tools.configs import CONFIGS, REGIME_GRID
 from tools.stats import ImpossibleInput, holm, holm_adjusted, mean_ci, min_detectable, paired_power, t_test_p
 from tools.study_json import ROOT, configurations, load_study, mean_entropy, para, pct, study_problem
 
-JSON = os.path.join(ROOT, "docs", "figures", "study-merge-active.json")
+JSON = study_json.stored(os.path.join(ROOT, "docs", "figures", "study-merge-active.json.gz"))
 FIGURES = os.path.join(ROOT, "docs", "figures", "study-merge-active")
 REGIONS = ("clip_frac_low_neg", "clip_frac_high_pos", "clip_frac_low_pos", "clip_frac_high_neg")
 
@@ -28,9 +28,20 @@ REGIONS = ("clip_frac_low_neg", "clip_frac_high_pos", "clip_frac_low_pos", "clip
 
 
 def block_paths(json_path: str) -> list[str]:
-    """Block A's JSON, then the further blocks' beside it (`<name>-b.json`, `-c.json`, ...), one per warm start."""
-    stem, suffix = os.path.splitext(json_path)
-    return [json_path] + (sorted(glob.glob(glob.escape(stem) + "-[b-z].json")) if suffix == ".json" else [])
+    """Block A's JSON, then the further blocks' beside it (`<name>-b.json`, `-c.json`, ..., each plain or packed as
+    `.json.gz`, study_json.stored), one per warm start."""
+    suffix = next((s for s in (".json.gz", ".json") if json_path.endswith(s)), None)
+    if suffix is None:
+        return [json_path]
+    base = json_path[:-len(suffix)]
+    named = glob.glob(glob.escape(base) + "-[b-z].json") + glob.glob(glob.escape(base) + "-[b-z].json.gz")
+    letters = sorted({block_letter(p) for p in named})
+    return [json_path] + [study_json.stored(f"{base}-{x.lower()}{suffix}") for x in letters]
+
+
+def block_letter(path: str) -> str:
+    """A further block's letter, upper case, from its JSON's name (`<name>-b.json` or `<name>-b.json.gz`: "B")."""
+    return path.removesuffix(".gz").removesuffix(".json")[-1].upper()
 
 
 def merge_blocks(blocks: list[dict]) -> dict:
@@ -513,13 +524,13 @@ def main():
     """The command line: every bad input one line and exit code 2, before anything is read whole or written."""
     parser = cli.Parser("study_active.py", description=__doc__)
     parser.add_argument("--json", default=JSON, help="the study's JSON (block A; the further blocks' JSONs beside it, "
-                        "<name>-b.json, ..., are read with it)")
+                        "<name>-b.json or <name>-b.json.gz, ..., are read with it)")
     parser.add_argument("--figures", default=FIGURES, help="where the tables and the figure go")
     args = parser.parse_args()
     json_path, figures = os.path.expanduser(args.json), os.path.expanduser(args.figures)
     problem = cli.input_problem(json_path, "--json")
     for i, path in enumerate(block_paths(json_path)):
-        problem = problem or study_problem(path, "--json" if i == 0 else f"--json's block {path[-6].upper()}")
+        problem = problem or study_problem(path, "--json" if i == 0 else f"--json's block {block_letter(path)}")
     problem = problem or cli.folder_problem(figures, "--figures") or cli.outputs_problem(figures, OUTPUTS, "--figures")
     if problem:
         parser.error(problem)

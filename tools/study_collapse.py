@@ -32,7 +32,7 @@ from tools.stats import (
 from tools.study_json import configurations, load_study, mean_entropy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JSON = os.path.join(ROOT, "docs", "figures", "study-collapse.json")
+JSON = study_json.stored(os.path.join(ROOT, "docs", "figures", "study-collapse.json.gz"))
 FIGURES = os.path.join(ROOT, "docs", "figures", "study-collapse")
 STEPS = 200  # every run's length
 WINDOW, FLOOR, AFTER, FINAL_FLOOR = 10, 0.05, 11, 0.10  # the endpoint: 10-step mean accuracy < 5% from step 11 on;

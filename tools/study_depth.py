@@ -51,7 +51,7 @@ from tools.study_json import configurations, load_study
 from tools.study_stability import lowest_accuracy, pairs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JSON = os.path.join(ROOT, "docs", "figures", "study-depth.json")
+JSON = study_json.stored(os.path.join(ROOT, "docs", "figures", "study-depth.json.gz"))
 FIGURES = os.path.join(ROOT, "docs", "figures", "study-depth")
 ALPHA = 0.05
 UNSTABLE = -0.10  # family 1: a cell is unstable when its P1 deficit holds and its interval lies below -10 points,

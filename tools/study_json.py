@@ -1,6 +1,10 @@
 """A study's JSON, as tools/study.py writes it and tools/study_active.py reads it: {config: {seed: {"steps_done",
 "steps": [one row per step], ...}}}, beside keys that start with "_" and are not configurations. Both tools import
 it, so neither imports the other to read it.
+
+The committed studies are stored gzip'd, `docs/figures/study-<name>.json.gz` (a 30 MB JSON packs to 6 MB): a name
+ending in .gz is read unpacked (cli.read_json) and written packed (runfolder.write_text_atomically), any other name as
+plain JSON. A study's runs may write the plain name until its JSON is packed and committed; `stored` finds either.
 """
 
 import os
@@ -16,6 +20,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # for the record ({config: {seed: record with "superseded_because"}}) and never tabulated.
 WARM_START, SUPERSEDED = "_warm_start", "_superseded"
 WHAT = "a study's JSON"  # what a file given as one must be
+
+
+def twin(path: str) -> str:
+    """The other name of a study's JSON: `X.json.gz` for `X.json`, `X.json` for `X.json.gz` (path itself otherwise)."""
+    if path.endswith(".json.gz"):
+        return path[:-len(".gz")]
+    return path + ".gz" if path.endswith(".json") else path
+
+
+def stored(path: str) -> str:
+    """The file that holds the study's JSON named `path`: path where it exists, else its twin (`X.json.gz` for
+    `X.json` and back) where that exists, else path. So a default name finds a study still stored plain, and an older
+    command naming `X.json` updates the packed `X.json.gz` rather than starting a second JSON beside it."""
+    if os.path.lexists(path) or not os.path.lexists(twin(path)):
+        return path
+    return twin(path)
 
 
 def para(text: str) -> str:

@@ -53,7 +53,7 @@ from tools.study_collapse import (  # the third study's run length, windows and 
 from tools.study_json import configurations, load_study
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JSON = os.path.join(ROOT, "docs", "figures", "study-stability.json")
+JSON = study_json.stored(os.path.join(ROOT, "docs", "figures", "study-stability.json.gz"))
 FIGURES = os.path.join(ROOT, "docs", "figures", "study-stability")
 ALPHA = 0.05
 DOSE_STEPS, DOSE_THRESHOLD = 19, 0.0013  # the prediction: a run collapses when its mean dose over steps 1-19 > 0.13%

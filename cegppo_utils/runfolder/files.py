@@ -48,9 +48,23 @@ def write_json_atomically(path: str, obj):
 
 
 def write_text_atomically(path: str, text: str):
-    """path holds `text` (UTF-8), whole, or its old content (write_file_atomically)."""
+    """path holds `text` (UTF-8), whole, or its old content (write_file_atomically); gzip'd where its name ends in .gz
+    (gzip_bytes), as reading.gunzip and cli.read_json read it back."""
     data = text.encode("utf-8")
+    data = gzip_bytes(data) if path.endswith(".gz") else data
     write_file_atomically(path, lambda f: f.write(data))
+
+
+def gzip_bytes(data: bytes) -> bytes:
+    """`data` as one gzip member that depends on the bytes alone: modification time 0 and no file name in the
+    header, so the same JSON gives the same file (and an unchanged study an unchanged commit). GzipFile writes the
+    same header on every Python the project supports; gzip.compress's differs between 3.11 and 3.12 (its OS byte)."""
+    import gzip
+    import io
+    buffer = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=buffer, mtime=0) as f:
+        f.write(data)
+    return buffer.getvalue()
 
 
 def _umask() -> int:

@@ -6,12 +6,15 @@
     at its end, and not a whole row: a crash or a full disk in the middle of an append), which readers leave out and
     a resume moves aside (metrics.keep_rows_up_to);
   - a JSON file holds an object, and a run's config.json (read_run_record) holds what a run writes there, each key
-    of its own type (a hand edit that breaks one is named, not met later as a traceback).
+    of its own type (a hand edit that breaks one is named, not met later as a traceback);
+  - a file stored gzip'd (a name ending in .gz: the studies' JSONs, files.write_text_atomically) is unpacked by
+    gunzip, to at most MAX_BYTES.
 """
 
 import json
 import os
 import stat
+import zlib
 
 from cegppo_utils.data import UserError, first_line
 
@@ -52,6 +55,24 @@ def read_bytes(path: str, what: str = "") -> bytes | None:
         raise UserError(f"{what}{path} is not readable ({e.strerror})") from None
     finally:
         os.close(fd)
+
+
+def gunzip(data: bytes) -> bytes:
+    """The content of one gzip member (what write_text_atomically stores under a .gz name); a stream that is not
+    gzip, ends early, has bytes after its end, or unpacks to more than MAX_BYTES (a small file can unpack to a huge
+    one) is a ValueError saying which."""
+    unpack = zlib.decompressobj(wbits=31)  # 31: a gzip header and trailer around the deflate stream, both checked
+    try:
+        content = unpack.decompress(data, MAX_BYTES + 1)
+    except zlib.error as e:
+        raise ValueError(f"not gzip: {e}") from None
+    if len(content) > MAX_BYTES:
+        raise ValueError(f"it unpacks to more than {MAX_BYTES} bytes")
+    if not unpack.eof:
+        raise ValueError("its gzip stream ends early (a torn or partly copied file)")
+    if unpack.unused_data:
+        raise ValueError(f"{len(unpack.unused_data)} bytes follow its gzip stream")
+    return content
 
 
 def row_problem(row, step: bool = True) -> str | None:

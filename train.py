@@ -302,9 +302,9 @@ def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, ctx: StepContext 
     """Forward/backward over the mini-batch's micro-batches (gradients accumulate to the mini-batch's exact mean),
     grad clip, AdamW step. Returns the metrics summed over micro-batches (token-weighted; the loss terms as they
     are, which sum to the mini-batch's), the gradient norm, and with `measure` the norms of the gradient's parts by
-    clip region (region_gradients; else {}). evidence: {region: (sums, [ratios])}, this mini-batch's tokens added
-    (loss.region_evidence). A non-finite loss, gradient norm or weight stops the run (every rank) before anything is
-    saved."""
+    clip region (RegionGradients: its own forwards and backwards after each micro-batch's, which the update's never
+    sees; else {}). evidence: {region: (sums, [ratios])}, this mini-batch's tokens added (loss.region_evidence). A
+    non-finite loss, gradient norm or weight stops the run (every rank) before anything is saved."""
     sums, losses = {}, []
     regions = RegionGradients(policy.model) if measure else None
     for mb in mini.micro:
@@ -323,10 +323,13 @@ def optimizer_step(policy, mini: MiniBatch, cfg: L.LossConfig, ctx: StepContext 
                                                             mb.finished).items():
                 before = evidence.setdefault(name, (torch.zeros(4, dtype=torch.float64, device=counts.device), []))
                 evidence[name] = (before[0] + counts, before[1] + [ratios])
-        if regions is not None:  # before the backward, which frees the graph the parts share with the loss
-            regions.add(logp, L.region_terms(logp, mb.old_logp, mb.advantages, mb.response_mask, cfg,
-                                             totals=mini.totals, extras=extras))
+        if regions is not None:  # on copies taken before the backward, which may write into what the graph holds
+            held = extras._replace(entropy=None if extras.entropy is None else extras.entropy.detach().clone())
+            on_logp = regions.on_logp(logp, lambda copy: L.region_terms(copy, mb.old_logp, mb.advantages,
+                                                                        mb.response_mask, cfg, mini.totals, held))
         loss.backward()
+        if regions is not None:
+            regions.add(policy, mb, on_logp)
         tokens = mb.response_tokens  # counted by collate / pack on the host: reading it waits for nothing
         m["entropy"] = (mb.old_entropy * mb.response_mask).sum() / max(tokens, 1)
         for k, v in m.items():  # summed in float64 where they are, read once per optimizer step (_read_sums)
@@ -359,22 +362,44 @@ def _read_sums(sums: dict, losses: list) -> tuple[dict, float | None]:
 
 class RegionGradients:
     """--region-grad-norms: the mini-batch's gradient split by where its tokens sit. Each clip region's part of the
-    policy term (loss.region_terms: the beta1 region low_neg, the beta2 region high_pos) gets its own backward from
-    log pi (torch.autograd.grad, so the parameters' .grad, and the update, are exactly those of a run without it);
-    the rest is the whole accumulated gradient minus the two. A part whose gradient on log pi is zero (an empty or
-    clipped region: PPO-clip's, beta = 0) costs no backward. One process, fp32 (flags: not under FSDP2)."""
+    policy term (loss.region_terms: the beta1 region low_neg, the beta2 region high_pos) gets the parameters'
+    gradient of its own; the rest is the whole accumulated gradient minus the two. One process, fp32 (flags: not
+    under FSDP2).
+
+    Every graph is backwarded exactly once, so the update is that of a run without the split, bit for bit, whatever
+    the kernels and checkpointing: a part's gradient on log pi comes from a copy of log pi (on_logp), and its
+    gradient on the parameters from a forward of the micro-batch of its own, backwarded once by torch.autograd.grad
+    (add: the parameters' .grad, the update's, untouched), after the update's backward of that micro-batch has freed
+    its graph. A second backward through the update's graph (retain_graph) would read the activations it saved after
+    the first had run, and some kernels write into those unseen: Liger's SwiGLU backward stores its gradients into
+    the saved gate and up tensors (no version-counter bump), and selective checkpointing's kept outputs serve one
+    backward only. The cost: a forward and a backward per region that holds gradient; a part whose gradient on log
+    pi is zero (an empty or clipped region: PPO-clip's, beta = 0) costs neither."""
 
     def __init__(self, model):
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.sums = {name: [torch.zeros_like(p) for p in self.params] for name in L.REGION_PARTS}
 
-    def add(self, logp, parts: dict):
-        for name, part in parts.items():
-            on_logp = torch.autograd.grad(part, logp, retain_graph=True)[0]
-            if not on_logp.any():
-                continue
-            grads = torch.autograd.grad(logp, self.params, grad_outputs=on_logp, retain_graph=True,
-                                        allow_unused=True)
+    @staticmethod
+    def on_logp(logp, terms) -> dict:
+        """{part: its gradient on log pi} for the parts that have one; terms(copy) is loss.region_terms of a copy of
+        log pi, made anew for each part so that no graph here is backwarded twice either."""
+        out = {}
+        for name in L.REGION_PARTS:
+            copy = logp.detach().clone().requires_grad_()
+            part = terms(copy).get(name)
+            grad = None if part is None else torch.autograd.grad(part, copy)[0]
+            if grad is not None and grad.any():
+                out[name] = grad
+        return out
+
+    def add(self, policy, mb, on_logp: dict):
+        """Each part's gradient on the parameters, from a fresh forward of the micro-batch backwarded once, added to
+        its sum. The forwards draw no random numbers the update would draw (fork_rng)."""
+        for name, grad in on_logp.items():
+            with torch.random.fork_rng(devices=[policy.device] if policy.device.type == "cuda" else []):
+                logp = response_logprobs(policy, mb, grad=True)[0]
+                grads = torch.autograd.grad(logp, self.params, grad_outputs=grad, allow_unused=True)
             torch._foreach_add_(self.sums[name], [torch.zeros_like(p) if g is None else g
                                                   for g, p in zip(grads, self.params)])
 

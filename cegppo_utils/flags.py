@@ -117,8 +117,9 @@ class Args:
     max_steps: int = L.option(100, COUNT)  # training steps
     region_grad_norms: str = L.option(  # log the norms of the gradient's parts by clip region (the beta1
         "last", L.Rule(choices=("off", "last", "all")))  # region, the beta2 region, the rest) on the step's last
-                                                         # mini-batch, on all (about 2 backwards more each), or off;
-                                                         # fp32 on one process only (not under FSDP2)
+                                                         # mini-batch, on all, or off (a forward and a backward more
+                                                         # per region that holds tokens, on each micro-batch measured;
+                                                         # the update unchanged); fp32 on one process (not FSDP2)
     # --- run folder
     output_dir: str = "runs/tiny"  # the run folder; not given: runs/PRESET[-ALGO][-FLAG-VALUE...] (flags.py)
     resume: bool = False  # continue the run in output_dir (`--resume RUN` names it) from its latest checkpoint,

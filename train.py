@@ -282,8 +282,10 @@ def update_policy(policy, minis: list[MiniBatch], cfg: L.LossConfig, ctx: StepCo
         parts += [mini_parts] if mini_parts else []
     keys = sorted(sums)
     sums = dict(zip(keys, D.all_reduce([sums[k] for k in keys], policy.device)))
-    tokens = max(sums.pop("_tokens", 0.0), 1.0)
-    out = {k: (v if k in LOSS_TERMS else v / tokens) for k, v in sums.items()}
+    tokens = sums.pop("_tokens", 0.0)
+    # a step whose every response has A = 0 (no group kept its signal) trains no token: its token means (entropy,
+    # ratio, clip shares) are undefined, so they are left out, as on a step that keeps no group, never logged as 0
+    out = {k: (v if k in LOSS_TERMS else v / tokens) for k, v in sums.items() if k in LOSS_TERMS or tokens > 0}
     out.update(grad_norm=sum(grad_norms) / len(grad_norms), optimizer_steps=len(grad_norms))
     out.update({key: sum(p[key] for p in parts) / len(parts) for key in (parts[0] if parts else ())})
     if evidence:

@@ -818,6 +818,24 @@ def test_ppo_epochs_repeat_the_passes_against_the_sampling_policy(tiny_model_pat
     assert two["ratio_mean"] != one["ratio_mean"]
 
 
+def test_a_step_that_trains_no_token_logs_no_token_means(tiny_model_path):
+    """Every response of the step scored alike, so every advantage is 0 and no token trains (the loss skips A = 0
+    responses): the step's entropy, ratio and clip shares are undefined and absent from its row, as on a step that
+    keeps no group under dynamic sampling, never logged as 0; its loss, gradient norm and optimizer steps stay."""
+    from transformers import AutoModelForCausalLM
+    groups = [[{"prompt_ids": [7, 8, 9], "response_ids": [10, 11], "advantage": 0.0, "correct": False}] * 4] * 2
+    args = parse_train_args(["--n", "4", "--gen-prompts", "2", "--mini-batch-prompts", "1", "--micro-batch-size", "4"])
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    policy = train.make_policy(args, model, optimizer, 0, torch.device("cpu"))
+    minis = train.make_mini_batches(policy, groups, args.loss)
+    train.old_logprobs(policy, minis)
+    row = train.update_policy(policy, minis, args.loss)
+    assert not {"entropy", "ratio_mean", "approx_kl", "clip_frac_low_neg", "beta1_dose"} & set(row), sorted(row)
+    assert row["optimizer_steps"] == 2 and row["pg_loss"] == 0.0 and row["grad_norm"] == 0.0
+
+
 @pytest.mark.slow
 def test_a_run_killed_during_an_evaluation_evaluates_that_step_on_resume(tmp_path, tiny_model_path):
     """Step 2's checkpoint is written before its evaluation: killed during that evaluation (kill -9), the resumed run

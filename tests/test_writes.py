@@ -144,15 +144,15 @@ def test_a_final_write_that_fails_after_sampling_keeps_every_result(tmp_path, ti
 
 @pytest.mark.slow
 def test_a_file_size_limit_stops_with_one_line_and_the_scores_printed(tmp_path, tiny_model_path):
-    """`ulimit -f 1`: no results file can be written at all. The run ended in an OSError traceback, no score printed;
-    now each benchmark's scores are printed before its results are written, and the stop is one line, exit 1, leaving
-    no temporary file behind."""
-    bench, out = few_problems(tmp_path, 3), tmp_path / "r.json"
+    """`ulimit -f 1` (here 512 bytes, less than any results file): no results file can be written at all. The run
+    ended in an OSError traceback, no score printed; now each benchmark's scores are printed before its results are
+    written, and the stop is one line, exit 1, leaving no temporary file behind."""
+    bench, out = few_problems(tmp_path, 4), tmp_path / "r.json"
     argv = ["--model", "tiny", "--benchmarks", str(bench), "--k", "2", "--max-tokens", "24", "--sampler", "hf",
             "--responses", "--output", str(out)]
     done = subprocess.run([sys.executable, "evaluate.py", *argv], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024)))
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512)))
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1] == f"evaluate.py: cannot write {out}.partial (File too large): " \
         f"stopped after {bench}, whose scores are above; no benchmark's results were written"

@@ -10,8 +10,10 @@ Sampling goes through rollout.py (vLLM, or HF generate) and scoring through rewa
 protocol (§4.1): avg@32 on AIME24/AIME25/HMMT25/AMC23 and avg@4 on MATH500; 32k max tokens for AIME, 16k for the
 others; temperature 0.6 and top_p 0.95 (the official validation config; the paper does not state them). Every
 setting is overridable and written to the output, with each problem's per-sample verdicts. Every prompt is
-checked against the model's context before anything is sampled; the JSON is rewritten after each benchmark, so a
-failure later loses nothing finished.
+checked against the model's context before anything is sampled. Each benchmark's scores are printed as it finishes,
+and every result so far written whole to OUTPUT.partial beside --output, which is renamed to --output at the end: a
+stop later (a crash, Ctrl-C, a full disk, a file that cannot be replaced) loses nothing finished, and its one line
+says where that is kept (exit code 1).
 
 The seed is 0 unless given. train.py's held-out score of step N (eval_acc) used its own seed, logged beside it as
 eval_seed (seed x 1000003 + N - 1 + 500000): `--seed-of RUN N` scores as that evaluation did (its seed, sampler,
@@ -235,7 +237,8 @@ def build_parser():
                         help="where to write the JSON results, an existing file only with --overwrite (default: "
                              f"{DEFAULT_OUTPUT.format(model='MODEL', benchmarks='BENCHMARKS', seed='')}, the model and "
                              "benchmarks as given, / and , written -, and -seed-N for a seed other than 0)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --output file (checked now: that a rename can replace it)")
     parser.add_argument("--responses", action="store_true", help="also store every response text in the JSON")
     parser.add_argument("--compare", default=None, choices=sorted(PAPER),
                         help="add the paper's rows for this model to the table")
@@ -391,7 +394,7 @@ def run_step_model(run: str, step: int, flags: dict) -> str | None:
 
 def main(argv=None):
     args = parse_args(argv)
-    check_output(args.output, default=args.output_is_default)
+    check_output(args.output, default=args.output_is_default, overwrite=args.overwrite)
     problems = {b: data.load_benchmark(b, args.data_dir, args.limit) for b in args.benchmarks}  # bad data fails now
     print(f"evaluate.py: {', '.join(f'{b} ({len(p)} problems)' for b, p in problems.items())}; loading {args.model} "
           f"and the {args.sampler} sampler ...", flush=True)  # the libraries and the engine take ~30 s on a CPU
@@ -403,34 +406,108 @@ def main(argv=None):
                             "dtype": args.dtype, "seed_of": args.run, "data": args.data_dir or "hub",
                             "limit": args.limit, "context": context},
                "benchmarks": {}}
-    for b, (fits, skipped, _, k, budget) in plan.items():
-        start = time.perf_counter()
-        if fits:
-            out = evaluate(sampler, tokenizer, fits, k=k, temperature=args.temperature, top_p=args.top_p,
-                           max_tokens=budget, seed=args.seed, keep_responses=args.responses)
-        else:
-            out = {"avg@k": None, "maj@k": None, f"pass@{k}": None, "k": k, "problems": []}  # every prompt too long
-        out.update(max_tokens=budget, seconds=time.perf_counter() - start, skipped=len(skipped), skipped_ids=skipped)
-        results["benchmarks"][b] = out
-        write_json(args.output, results)  # after each benchmark: a later failure loses nothing finished
-        scores = "  ".join(f"{m} {'-' if out[key] is None else f'{100 * out[key]:.1f}'}"
-                           for m, key in ((f"avg@{k}", "avg@k"), (f"pass@{k}", f"pass@{k}"), (f"maj@{k}", "maj@k")))
-        print(f"{b}: {scores}  ({len(fits)} problems{f', {len(skipped)} skipped as too long' if skipped else ''}, "
-              f"{out['seconds']:.0f}s)", flush=True)
+    sample_all(args, plan, sampler, tokenizer, results)  # each benchmark's scores printed, its results kept
     print(markdown_table(results, args.compare))
+    publish(partial_path(args.output), args.output, args.overwrite)
     print(f"results in {args.output}")
     return results
 
 
-def check_output(output, default=False):
+def sample_all(args, plan, sampler, tokenizer, results):
+    """Each benchmark sampled and scored in turn into results["benchmarks"]: its scores printed as it finishes, then
+    every result so far written whole to the partial file (partial_path), so that a stop loses nothing finished. A
+    stop (Ctrl-C, an error, that file not written: a full disk, a file size limit) is one line saying what is kept
+    and where, exit code 1; the scores of a benchmark whose results could not be written are printed above it."""
+    kept, saved = partial_path(args.output), []
+    try:
+        for b, (fits, skipped, _, k, budget) in plan.items():
+            start = time.perf_counter()
+            if fits:
+                out = evaluate(sampler, tokenizer, fits, k=k, temperature=args.temperature, top_p=args.top_p,
+                               max_tokens=budget, seed=args.seed, keep_responses=args.responses)
+            else:
+                out = {"avg@k": None, "maj@k": None, f"pass@{k}": None, "k": k, "problems": []}  # all too long
+            out.update(max_tokens=budget, seconds=time.perf_counter() - start, skipped=len(skipped),
+                       skipped_ids=skipped)
+            results["benchmarks"][b] = out
+            scores = "  ".join(f"{m} {'-' if out[key] is None else f'{100 * out[key]:.1f}'}" for m, key in
+                               ((f"avg@{k}", "avg@k"), (f"pass@{k}", f"pass@{k}"), (f"maj@{k}", "maj@k")))
+            print(f"{b}: {scores}  ({len(fits)} problems"
+                  f"{f', {len(skipped)} skipped as too long' if skipped else ''}, {out['seconds']:.0f}s)", flush=True)
+            try:
+                write_json(kept, results)
+            except OSError as e:
+                stop(f"cannot write {kept} ({e.strerror or type(e).__name__}): stopped after {b}, whose scores are "
+                     f"above; {kept_note(kept, saved)}")
+            saved.append(b)
+    except UserError:
+        raise
+    except KeyboardInterrupt:
+        stop(f"interrupted; {kept_note(kept, saved)}")
+    except Exception as e:  # a library, the machine: its traceback, then what is kept
+        import traceback
+        traceback.print_exc()
+        stop(f"stopped by {type(e).__name__}; {kept_note(kept, saved)}")
+
+
+def stop(message: str):
+    """End a run that stopped (not a user's mistake): one line on stderr, exit code 1; a path in it is never cut."""
+    from cegppo_utils.runfolder import one_line
+    sys.exit(f"evaluate.py: {one_line(message, longest=10**4, total=10**5)}")
+
+
+def partial_path(output: str) -> str:
+    """Where the results are kept while they come: beside --output, renamed to it at the end."""
+    return output + ".partial"
+
+
+def kept_note(kept: str, saved: list[str]) -> str:
+    """What a stopped evaluation kept, and where."""
+    if not saved:
+        return "no benchmark's results were written"
+    return f"the results of {', '.join(saved)} are kept in {kept}"
+
+
+def publish(kept: str, output: str, overwrite: bool):
+    """The partial file, which holds every result by now, renamed to --output: a rename writes no data, so a full disk
+    or a file size limit cannot stop it. Where it fails (an immutable file, a folder made read-only since the start)
+    or a file came to stand at --output while sampling (and --overwrite was not given), one line says where the
+    results are kept, exit code 1."""
+    why = None
+    if not overwrite and os.path.lexists(output):
+        why = "it came to exist while sampling, and --overwrite was not given"
+    else:
+        try:
+            os.replace(kept, output)
+        except OSError as e:
+            why = e.strerror or type(e).__name__
+    if why:
+        stop(f"cannot write {output} ({why}); every result is kept in {kept} (the same JSON)")
+
+
+def check_output(output, default=False, overwrite=False):
     """--output names a file that can be written, found now, not after every benchmark has been sampled: the one
     check of an output path (runfolder.output_problem: a name ending in /, a name too long, a file in the way, a
-    folder that cannot be made, a link). Its folder is made with the first results (write_json), so a run refused
-    before then leaves no folder. default: the name was made here (default_output), not typed."""
+    folder that cannot be made, a link); with --overwrite, that a rename can replace the file there
+    (runfolder.replace_problem); its partial file free (one there holds an earlier evaluation's results). Its folder
+    is made with the first results (write_json), so a run refused before then leaves no folder. default: the name was
+    made here (default_output), not typed."""
     from cegppo_utils import runfolder as RF
     problem = RF.output_problem(output, "--output")
     if problem:
         raise UserError(problem + (" (the default name; give --output FILE)" if default else ""))
+    if overwrite and os.path.isfile(output):
+        problem = RF.replace_problem(output, "--output")
+        if problem:
+            raise UserError(problem)
+    kept = partial_path(output)
+    if os.path.lexists(kept):
+        raise UserError(f"--output {output}: {kept} holds the results of an evaluation that stopped before renaming it "
+                        f"to {os.path.basename(output)} (or of one under way); move it aside, or remove it")
+    folder, name = os.path.split(os.path.abspath(kept))
+    too_long = RF.length_problem(os.path.join(folder, f".{name}.12345678.tmp"))  # its temporary name
+    if too_long:
+        raise UserError(f"--output {output}: the file its results are kept in as they come, {kept}, {too_long}")
 
 
 def load_model(name):
@@ -499,7 +576,8 @@ def weights_dtype(model_path) -> str:
 
 
 def write_json(path, obj):
-    """The results, whole or not at all, never written through a link planted at a temporary name."""
+    """The results, whole or not at all, never written through a link planted at a temporary name (the partial file;
+    --output itself is only renamed onto: publish)."""
     from cegppo_utils import runfolder as RF
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # the default runs/eval (check_output)
     RF.write_text_atomically(path, json.dumps(obj, indent=1))
@@ -512,5 +590,5 @@ if __name__ == "__main__":
         from cegppo_utils.runfolder import one_line
         sys.stderr.write(f"evaluate.py: error: {one_line(e)}\n")
         sys.exit(2)
-    except KeyboardInterrupt:  # the JSON holds every benchmark finished so far (it is rewritten after each)
-        sys.exit("evaluate.py: interrupted; the benchmarks finished so far are in --output")
+    except KeyboardInterrupt:  # while sampling, sample_all says what is kept: this is before any result
+        sys.exit("evaluate.py: interrupted before any benchmark finished; nothing was written")

@@ -897,6 +897,9 @@ def run(argv=None, parsed: Args | None = None):
         previous = None
     try:
         args = parsed or flags.parse_args(argv, __doc__)
+        problem = models.cache_problem(args.model)  # a tiny model that cannot be built: said before a folder is made
+        if problem:
+            raise UserError(problem)
         # the output folder is this run's for its whole life (rank 0; torchrun sets RANK before anything starts): a
         # second run or resume on it is refused at once
         with (RF.lock_output_dir(args.output_dir, resume=args.resume) if os.environ.get("RANK", "0") == "0"

@@ -5,7 +5,8 @@ for every flag that takes one (an unset shell variable is not a choice); a value
 characters escaped and is cut, so that a newline in a path or a 100,000-character value leaves one readable line. A file
 a tool reads is checked before it is opened (a FIFO would block the read); a file or folder it writes is checked before
 the work that fills it, and written whole, never through a link (runfolder/paths.py checks,
-runfolder.write_text_atomically, save_figure, append_line write).
+runfolder.write_text_atomically, save_figure, append_line write; a file written in place, a log, is opened by
+runfolder.open_for_writing alone).
 """
 
 import argparse

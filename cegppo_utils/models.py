@@ -43,6 +43,17 @@ def resolve_model(name: str) -> str:
     return name
 
 
+def cache_problem(name: str) -> str | None:
+    """Why the offline model `name` ("tiny", "tiny:<task>") cannot be built in its cache, where it is not built yet
+    (tiny.cache_problem); None for any other name. Asked before a run folder is made."""
+    name = os.path.expanduser(name)
+    if name != "tiny" and not name.startswith("tiny:"):
+        return None
+    from cegppo_utils import tiny
+    task = name.partition(":")[2] or "arith"
+    return tiny.cache_problem(task) if task in tiny.TASKS else None  # an unknown task: resolve_model says so
+
+
 def weights_hash(path: str) -> str | None:
     """SHA-256 (first 16 hex digits) of a local model folder's weights: every tensor's name, dtype, shape and bytes,
     in name order, over its .safetensors files. Which warm start a run started from, whatever the file layout or the

@@ -181,7 +181,23 @@ def config_hash(cfg: TinyConfig) -> str:
     return hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def ensure_tiny_model(cache_dir: str = DEFAULT_CACHE, cfg: TinyConfig | None = None, log=print) -> str:
+def model_folder(task: str, cache_dir: str | None = None, cfg=None) -> str:
+    """Where the warm-started model of an offline task is cached: CACHE/<tiny|sums|merge>-qwen2-<its config's hash>
+    (CACHE: cache_dir, else the repository's .cache, looked up at each call)."""
+    cfg = cfg or CONFIGS[task]()
+    return os.path.join(cache_dir or DEFAULT_CACHE, f"{'tiny' if task == 'arith' else task}-qwen2-{config_hash(cfg)}")
+
+
+def cache_problem(task: str, cache_dir: str | None = None) -> str | None:
+    """Why an offline task's model cannot be built in its cache, where it is not built yet (None where it is built or
+    can be): asked before a run folder is made, so a cache no build can write is one line, not a run that stops."""
+    path = model_folder(task, cache_dir)
+    if os.path.exists(os.path.join(path, "config.json")):
+        return None
+    return _cache_problem(path, f"{'tiny' if task == 'arith' else task} model")
+
+
+def ensure_tiny_model(cache_dir: str | None = None, cfg: TinyConfig | None = None, log=print) -> str:
     """Path of the warm-started tiny model, building it on first use (~1.5 min on 2 AMD EPYC cores)."""
     cfg = cfg or TinyConfig()
 
@@ -193,18 +209,26 @@ def ensure_tiny_model(cache_dir: str = DEFAULT_CACHE, cfg: TinyConfig | None = N
         model = build_model(cfg, tokenizer)
         return warm_start(model, tokenizer, cfg, log=log), tokenizer
 
-    return _cached(os.path.join(cache_dir, f"tiny-qwen2-{config_hash(cfg)}"), cfg, build, "tiny model", log)
+    return _cached(model_folder("arith", cache_dir, cfg), cfg, build, "tiny model", log)
 
 
 def _cached(path, cfg, build, what, log):
     """The model folder at `path`, built (build() -> model, tokenizer) on first use. Written to a temporary folder
     and renamed into place, so an interrupted build never leaves a half model. One process builds it at a time: a
     second (two runs started at once on a fresh checkout, two test workers) waits on `path`.lock, then finds it
-    built."""
+    built. A cache that cannot take the build is one line (cache_problem), before minutes of training."""
     config = os.path.join(path, "config.json")
     if not os.path.exists(config):  # looked at before the lock: a cache this user cannot write to still serves
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(f"{path}.lock", "w") as lock:
+        from cegppo_utils.data import UserError
+        from cegppo_utils.runfolder.files import open_for_writing
+        problem = _cache_problem(path, what)
+        if problem:
+            raise UserError(problem)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        except OSError as e:
+            raise UserError(f"{what}: cannot create its cache {os.path.dirname(path)} ({e.strerror})") from None
+        with open_for_writing(f"{path}.lock", f"{what}: its build lock", "r+b") as lock:  # never through a link
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when this process dies
             if not os.path.exists(config):
                 return _build_into(path, cfg, build, what, log)
@@ -212,21 +236,54 @@ def _cached(path, cfg, build, what, log):
     return path
 
 
+def _cache_problem(path, what) -> str | None:
+    """Why the model cannot be built into `path` (None if it can): its cache folder missing and not creatable, or
+    taking no file (a read-only checkout, another user's); its build lock a link, a FIFO, a hard link or a file this
+    user cannot write; something other than a model's folder at `path` itself. Asked of the file system, making
+    nothing (runfolder.paths)."""
+    from cegppo_utils.data import UserError
+    from cegppo_utils.runfolder.files import open_for_writing
+    from cegppo_utils.runfolder.paths import _what, folder_problem
+    way_out = ("the model is not built yet: make the cache writable, or build it once as a user who can (python -m "
+               f"cegppo_utils.tiny [{'|'.join(TASKS)}])")
+    problem = folder_problem(os.path.dirname(path), f"{what}: its cache")
+    if problem:
+        return f"{problem}; {way_out}"
+    if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+        return f"{what}: {path} is {_what(path)}, where its build goes; move it aside"
+    if os.path.isdir(path) and any(True for _ in os.scandir(path)):  # a rename replaces only an empty folder
+        return f"{what}: {path} is a folder without config.json, where its build goes; move it aside"
+    lock = f"{path}.lock"
+    if os.path.lexists(lock):
+        try:  # it exists: opening it creates nothing
+            open_for_writing(lock, f"{what}: its build lock", "r+b").close()
+        except UserError as e:
+            return f"{e}; {way_out}" if "cannot write" in str(e) else str(e)
+    return None
+
+
 def _build_into(path, cfg, build, what, log):
-    """build()'s model and tokenizer saved whole: into a folder of this process's, then renamed to path."""
+    """build()'s model and tokenizer saved whole: into a fresh folder of this process's (mkdtemp: never one planted
+    at a known name), then renamed to path."""
+    import tempfile
+
+    from cegppo_utils.runfolder.files import _umask, write_json_atomically
     model, tokenizer = build()
     import transformers
     transformers.utils.logging.disable_progress_bar()  # a one-file "Writing model shards" bar says nothing
-    tmp = f"{path}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    with open(os.path.join(tmp, "tiny_config.json"), "w") as f:
-        json.dump(asdict(cfg), f, indent=2)
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=f"{os.path.basename(path)}.tmp-")
     try:
-        os.rename(tmp, path)
-    except OSError:  # another process finished first: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        write_json_atomically(os.path.join(tmp, "tiny_config.json"), asdict(cfg))
+        os.chmod(tmp, 0o777 & ~_umask())  # as os.makedirs would make it (mkdtemp's 0700 hides it from others)
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            if not os.path.exists(os.path.join(path, "config.json")):
+                raise  # else another process (another machine sharing the cache) finished first: keep theirs
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed save or rename leaves no half model
     log(f"{what}: saved to {path}")
     return path
 
@@ -320,19 +377,19 @@ def _sums_like_warm_start(cfg, split, what: str, log=print):
     return model.eval(), tokenizer
 
 
-def ensure_sums_model(cache_dir: str = DEFAULT_CACHE, cfg: SumsConfig | None = None, log=print) -> str:
+def ensure_sums_model(cache_dir: str | None = None, cfg: SumsConfig | None = None, log=print) -> str:
     """Path of the warm-started model of the sums task, building it on first use (a few minutes on 2 cores)."""
     return _ensure_pool_model("sums", cfg or SumsConfig(), sums_split, cache_dir, log)
 
 
-def _ensure_pool_model(task: str, cfg: SumsConfig, split, cache_dir: str, log) -> str:
+def _ensure_pool_model(task: str, cfg: SumsConfig, split, cache_dir: str | None, log) -> str:
     """A pool-merging task's warm-started model, cached in .cache/<task>-qwen2-<config hash>."""
     def build():
         log(f"{task} model: building a {cfg.num_layers}-layer Qwen2 (hidden {cfg.hidden_size}), "
             f"then a {cfg.sft_steps}-step supervised warm start on the {task} task")
         return _sums_like_warm_start(cfg, split, task, log)
 
-    return _cached(os.path.join(cache_dir, f"{task}-qwen2-{config_hash(cfg)}"), cfg, build, f"{task} model", log)
+    return _cached(model_folder(task, cache_dir, cfg), cfg, build, f"{task} model", log)
 
 
 # --- the third task: merge, sums a ~1M model can track ------------------------------------------------
@@ -379,7 +436,7 @@ class MergeConfig(SumsConfig):
     worked_form: str = "a+b=c, left ..."  # part of the hash: another worked form is another model
 
 
-def ensure_merge_model(cache_dir: str = DEFAULT_CACHE, cfg: MergeConfig | None = None, log=print) -> str:
+def ensure_merge_model(cache_dir: str | None = None, cfg: MergeConfig | None = None, log=print) -> str:
     """Path of the warm-started model of the merge task, building it on first use (700 supervised steps)."""
     return _ensure_pool_model("merge", cfg or MergeConfig(), merge_split, cache_dir, log)
 
@@ -395,6 +452,7 @@ class Task:
     model: Callable  # (cache_dir=..., log=...) -> path of its warm-started model
 
 
+CONFIGS = {"arith": TinyConfig, "sums": SumsConfig, "merge": MergeConfig}  # what names each task's cached model
 TASKS = {
     "arith": Task(lambda seed: arithmetic_split("train", 4096, seed=seed), held_out_problems, 48, 8, ensure_tiny_model),
     "sums": Task(lambda seed: sums_split("train", 8192, seed=seed), lambda: sums_split("test", 128, seed=0), 192, 4,
@@ -404,7 +462,7 @@ TASKS = {
 }
 
 
-def ensure_task_model(task: str, cache_dir: str = DEFAULT_CACHE, log=print) -> str:
+def ensure_task_model(task: str, cache_dir: str | None = None, log=print) -> str:
     """The warm-started model of an offline task ("arith": the tiny model; "sums"), built once and cached."""
     return TASKS[task].model(cache_dir=cache_dir, log=log)
 

@@ -159,11 +159,12 @@ def test_finished_benchmarks_survive_a_later_failure(tmp_path, monkeypatch, tiny
 
     monkeypatch.setattr(E, "evaluate", second_fails)
     out = tmp_path / "r.json"
-    with pytest.raises(RuntimeError, match="the sampler died"):
+    with pytest.raises(SystemExit) as stopped:  # its traceback, then one line saying what is kept and where
         E.main(["--model", "tiny", "--benchmarks", f"arith,{long_prompt_file(tmp_path)}", "--k", "2", "--limit", "4",
                 "--max-tokens", "24", "--sampler", "hf", "--skip-long", "--output", str(out)])
-    saved = json.loads(out.read_text())["benchmarks"]
-    assert list(saved) == ["arith"] and len(saved["arith"]["problems"]) == 4
+    assert stopped.value.code == f"evaluate.py: stopped by RuntimeError; the results of arith are kept in {out}.partial"
+    saved = json.loads((tmp_path / "r.json.partial").read_text())["benchmarks"]
+    assert list(saved) == ["arith"] and len(saved["arith"]["problems"]) == 4 and not out.exists()
 
 
 def test_main_reads_as_its_stages_in_under_60_lines():

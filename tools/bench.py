@@ -210,7 +210,7 @@ def _peak_probe(which, vocab, tokens, chunk_elements, repeats, hidden=0, device=
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     else:
-        with open("/proc/self/clear_refs", "w") as f:
+        with open("/proc/self/clear_refs", "w") as f:  # the kernel's interface, not a file: nothing to protect
             f.write("5")  # reset the peak to the current RSS
     base = torch.cuda.memory_allocated() if cuda else hwm_bytes()
     start = time.perf_counter()
@@ -904,7 +904,8 @@ def _step_env():
 
 def _run_logged(cmd, log_path, on_poll=None):
     """Run cmd with its output in log_path; on_poll() every 5 ms while it runs. Raises with the log's tail."""
-    with open(log_path, "w") as log:
+    from cegppo_utils import runfolder
+    with runfolder.open_for_writing(log_path, "bench log") as log:  # never through a link (the one way to open one)
         proc = subprocess.Popen(cmd, cwd=ROOT, env=_step_env(), stdout=log, stderr=subprocess.STDOUT)
         while proc.poll() is None:
             if on_poll:
@@ -1011,8 +1012,8 @@ def _trl_worker(spec):
     trainer._generate_and_score_completions = timed(trainer._generate_and_score_completions, "rollout_s")
     trainer.reward_funcs[0] = timed(trainer.reward_funcs[0], "score_s")
     trainer.train()
-    with open(spec["result"], "w") as f:
-        json.dump(marks, f)
+    from cegppo_utils import runfolder
+    runfolder.write_json_atomically(spec["result"], marks)
 
 
 def _trl_config(spec):

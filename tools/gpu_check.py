@@ -453,7 +453,8 @@ def run_part(name, budget_s) -> list[Row]:
     """One part in a process of its own, killed (with everything it started) after budget_s seconds."""
     with tempfile.TemporaryDirectory() as d:
         rows_path, log_path = os.path.join(d, "rows.json"), os.path.join(d, "output.log")
-        with open(log_path, "w") as log:
+        from cegppo_utils import runfolder
+        with runfolder.open_for_writing(log_path, "gpu_check log") as log:  # never through a link
             proc = subprocess.Popen(part_command(name, rows_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)  # its own process group: a kill reaches its children
             try:
@@ -544,8 +545,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args._part:
         rows = run_here(args._part)
-        with open(args._rows, "w") as f:
-            json.dump([asdict(r) for r in rows], f)
+        write_json(args._rows, [asdict(r) for r in rows])
         return 0
     if args.estimate_bf16_gap:
         print_bf16_gap_estimate()

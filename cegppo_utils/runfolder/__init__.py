@@ -23,9 +23,11 @@ Rules:
     probe of its folder included (removed with SIGINT and SIGTERM held).
   - A run's files are read by one rule (reading.py): only regular files are opened (a FIFO never blocks), a row is a
     UTF-8 JSON object with an integer step, and anything else is one line naming the file and line.
-  - Nothing is written through a link: files are created with O_NOFOLLOW, or written to a fresh temporary name
-    (O_EXCL) in the same folder and renamed over the old one; a run folder holds no symbolic links (refused at
-    start), and a folder written whole (an export) is checked where the kernel resolves it, not as typed.
+  - Nothing is written through a link, in a run folder, a cache or a tool's output: a file written in place (a
+    lock, the marker, a log) is opened by open_for_writing alone (O_NOFOLLOW, a regular file of its own), any other
+    is written to a fresh temporary name (O_EXCL) in the same folder and renamed over the old one
+    (write_file_atomically); a run folder holds no symbolic links (refused at start), and a folder written whole (an
+    export) is checked where the kernel resolves it, not as typed.
   - A checkpoint records its shards' sizes and SHA-256, and its run's flags (shards.json) when it is written; a
     resume, an export or an evaluation verifies them (and that each shard holds every byte its .metadata places in
     it) before loading.
@@ -89,6 +91,7 @@ from cegppo_utils.runfolder.export import (
 )
 from cegppo_utils.runfolder.files import (
     append_line,
+    open_for_writing,
     save_figure,
     writable,
     write_file_atomically,
@@ -105,6 +108,7 @@ from cegppo_utils.runfolder.paths import (
     output_problem,
     outputs_problem,
     probe,
+    replace_problem,
     signals_held,
 )
 from cegppo_utils.runfolder.process import LIMIT, crash_point, escape, one_line, resume_command, short, start_command
@@ -142,7 +146,8 @@ from cegppo_utils.runfolder.start import (
 __all__ = [
     'UserError', 'crash_point', 'one_line', 'resume_command', 'start_command', 'LIMIT', 'escape', 'short',
     'write_json_atomically', 'write_text_atomically', 'write_folder_atomically', 'writable',
-    'write_file_atomically', 'save_figure', 'append_line', 'MAX_BYTES', 'read_bytes', 'row_problem', 'jsonl_lines',
+    'write_file_atomically', 'save_figure', 'append_line', 'open_for_writing',
+    'MAX_BYTES', 'read_bytes', 'row_problem', 'jsonl_lines',
     'read_jsonl', 'read_json_object', 'read_run_record', 'append_jsonl', 'write_jsonl', 'keep_rows_up_to',
     'restore_row', 'OutputLock', 'lock_output_dir', 'check_not_in_use', 'RESUMABLE', 'RUN_MARKER', 'check',
     'on_rank_0', 'check_resumable', 'NO_RUN', 'holds_run', 'check_output_folder', 'finished_step',
@@ -153,5 +158,5 @@ __all__ = [
     'checkpoint_flags', 'manifest_holds', 'verify_checkpoint', 'check_finished', 'save_final', 'export_hf',
     'EXPORT_CACHE_KEEP', 'EXPORT_RECORD', 'exported', 'export_cache', 'check_export_target', 'main',
     'show_export_cache', 'signals_held', 'probe', 'length_problem', 'folder_problem', 'output_problem',
-    'outputs_problem',
+    'outputs_problem', 'replace_problem',
 ]

@@ -16,18 +16,32 @@ from cegppo_utils.runfolder.process import _program
 D = lazy.module("cegppo_utils.distributed", globals(), "D")
 
 
+def open_for_writing(path, what, mode="w"):
+    """The one way a file is opened in place for writing (a lock, a marker, a log): a file object on the regular file
+    `path`, created if missing, never through a symbolic link (O_NOFOLLOW), never a FIFO or device (O_NONBLOCK, then
+    checked), never a file with other hard links (writing it would write them); anything else is a UserError naming
+    it, after `what` (the flag or file it is). mode: "w" empties it (once checked), "a" appends, "r+" keeps what it
+    holds; "b" for binary. A file written whole goes through write_file_atomically instead."""
+    fd = _open_regular(path, what, append="a" in mode)
+    if "w" in mode:
+        os.ftruncate(fd, 0)
+    return os.fdopen(fd, mode.replace("w", "r+") if "w" in mode else mode,
+                     encoding=None if "b" in mode else "utf-8")
+
+
 def _open_regular(path, what, append=False):
-    """A descriptor on the regular file `path`, created if missing: never through a symbolic link (O_NOFOLLOW), never a
-    FIFO or device (O_NONBLOCK, then checked), never a file with other hard links (writing it would write them)."""
+    """A descriptor for open_for_writing (the rules it says)."""
     if os.path.islink(path):
         raise UserError(f"{what}: {path} is a symbolic link; refusing to follow it (remove it)")
     flags_ = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     flags_ |= os.O_APPEND if append else 0
     try:
-        fd = os.open(path, flags_, 0o644)
+        fd = os.open(path, flags_, 0o666)  # less the umask, as open() creates a file
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise UserError(f"{what}: {path} is a symbolic link; refusing to follow it (remove it)") from None
+        if e.errno == errno.EISDIR:
+            raise UserError(f"{what}: {path} is a folder, not a regular file; refusing to write it") from None
         raise UserError(f"{what}: cannot write {path} ({e.strerror})") from None
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
@@ -38,8 +52,7 @@ def _open_regular(path, what, append=False):
 
 
 def _append(path, text):
-    fd = _open_regular(path, os.path.basename(path), append=True)
-    with os.fdopen(fd, "a", encoding="utf-8") as f:
+    with open_for_writing(path, os.path.basename(path), "a") as f:
         f.write(text)
 
 

@@ -9,7 +9,7 @@ import sys
 import time
 
 from cegppo_utils.data import UserError
-from cegppo_utils.runfolder.files import _identity, _missing_folders, _open_regular
+from cegppo_utils.runfolder.files import _identity, _missing_folders, open_for_writing
 from cegppo_utils.runfolder.paths import folder_problem
 from cegppo_utils.runfolder.start import RUN_MARKER, _has_marker, check_output_folder
 
@@ -73,7 +73,7 @@ def lock_output_dir(output_dir: str, log=print, resume: bool = False) -> OutputL
     try:
         os.makedirs(output_dir, exist_ok=True)
         created += [] if os.path.lexists(path) else [path]
-        handle = os.fdopen(_open_regular(path, flag), "r+")  # not truncated: the holder's note is read first
+        handle = open_for_writing(path, flag, "r+")  # not emptied: the holder's note is read first
     except (OSError, UserError) as e:
         OutputLock(path, None, created).undo()  # the folders made for it go too
         raise e if isinstance(e, UserError) else UserError(f"{flag}: cannot write there ({e.strerror})") from None
@@ -101,7 +101,7 @@ def lock_output_dir(output_dir: str, log=print, resume: bool = False) -> OutputL
     try:
         if not _has_marker(output_dir):
             lock.created.append(os.path.join(output_dir, RUN_MARKER))
-            with os.fdopen(_open_regular(os.path.join(output_dir, RUN_MARKER), flag), "w") as f:
+            with open_for_writing(os.path.join(output_dir, RUN_MARKER), flag) as f:
                 f.write(json.dumps({"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                     "host": socket.gethostname()}) + "\n")
     except BaseException as e:

@@ -13,7 +13,7 @@ D = lazy.module("cegppo_utils.distributed", globals(), "D")
 
 def append_jsonl(path: str, rows: list[dict]):
     """Append rows, one JSON object per line, in one write (rank 0 only), to a regular file of the run's own (never
-    through a link: _open_regular)."""
+    through a link: open_for_writing)."""
     if rows and D.is_main():
         _append(path, "".join(json.dumps(r) + "\n" for r in rows))
 

@@ -11,11 +11,14 @@ import errno
 import os
 import signal
 import stat
+import sys
 import threading
 
 from cegppo_utils.runfolder.process import short
 
 NAME_MAX, PATH_MAX = 255, 4096  # bytes, where the file system does not say (Linux's)
+# linux/fs.h: the ioctl that reads a file's attributes (chattr's), and the two that stop a rename replacing it
+FS_IOC_GETFLAGS, FS_IMMUTABLE_FL, FS_APPEND_FL = 0x80086601, 0x10, 0x20
 
 
 @contextlib.contextmanager
@@ -179,3 +182,66 @@ def outputs_problem(folder: str, names, flag: str) -> str | None:
         if os.path.isdir(path) and not os.path.islink(path):
             return f"{flag} {short(folder)}: {name} in it is a folder; move it aside"
     return None
+
+
+def replace_problem(path: str, flag: str) -> str | None:
+    """Why a file renamed over the existing regular file `path` would fail (None if it would not), asked before the
+    work and without touching the file: a fresh file renamed over another fresh one in its folder (the folder's
+    permissions, a read-only mount), the file's own immutable or append-only attribute (chattr +i or +a: the kernel
+    refuses to replace it), and a sticky folder (/tmp) where the file is another user's."""
+    shown = f"{flag} {short(path)}"
+    folder = os.path.dirname(os.path.abspath(path))
+    why = _rename_trial(folder)
+    if why:
+        return f"{shown} cannot be replaced: a rename in its folder fails ({why})"
+    attributes = _attributes(path)
+    if attributes & (FS_IMMUTABLE_FL | FS_APPEND_FL):
+        kind, letter = ("immutable", "i") if attributes & FS_IMMUTABLE_FL else ("append-only", "a")
+        return f"{shown} is {kind} (chattr +{letter}): it cannot be replaced; chattr -{letter} it, or name another"
+    folder_info, info, me = os.stat(folder), os.lstat(path), os.geteuid()
+    if folder_info.st_mode & stat.S_ISVTX and me != 0 and me not in (folder_info.st_uid, info.st_uid):
+        return f"{shown} is another user's file in a sticky folder ({short(folder)}); it cannot be replaced"
+    return None
+
+
+def _rename_trial(folder: str) -> str | None:
+    """Why a rename over a file fails in `folder` (None if it does not): two fresh files made, one renamed over the
+    other, both removed whatever happens (a signal included: signals_held)."""
+    import tempfile
+    made, failure = [], None
+    with signals_held():
+        try:
+            for _ in range(2):
+                fd, name = tempfile.mkstemp(dir=folder, prefix=".replace-test-")
+                made.append(name)
+                os.close(fd)
+            os.replace(made[0], made[1])
+            made.pop(0)
+        except OSError as e:
+            failure = e.strerror or type(e).__name__
+        finally:
+            for name in made:
+                with contextlib.suppress(OSError):
+                    os.remove(name)
+    return failure
+
+
+def _attributes(path: str) -> int:
+    """The file's attributes (chattr's flags); 0 where they cannot be read (not Linux, a file system without them,
+    a file this user cannot open)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    import fcntl
+    import struct
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return 0
+    try:
+        flags = bytearray(8)
+        fcntl.ioctl(fd, FS_IOC_GETFLAGS, flags, True)
+        return struct.unpack_from("i", flags)[0]  # the kernel writes an int, whatever the ioctl's declared size
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)

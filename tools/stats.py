@@ -8,15 +8,14 @@ flips of accuracy differences whose sums are equal but for the last bits are spl
 of the differences).
 
 Every function refuses, in one line naming itself and the argument (ImpossibleInput), a NaN or infinite input and an
-input too small for what it claims (an interval from one value, a bootstrap from one run of a class)."""
+input too small for what it claims (an interval from one value, a bootstrap from one run of a class).
+
+scipy and numpy are imported inside the functions: their import takes seconds, ten times the rest of a study tool's
+start, and a tool's --help or a refused input needs no statistic."""
 
 import functools
 import math
 import numbers
-
-import numpy as np
-import scipy.optimize
-import scipy.stats
 
 
 class ImpossibleInput(ValueError):
@@ -90,16 +89,22 @@ def _dof(name: str, dof) -> float:
 def t_sf(x, dof):
     """P(T > x) for Student's t with `dof` >= 1 degrees of freedom; the tail itself, exact far out (1 - cdf would
     round a small p away)."""
+    import scipy.stats
+
     return float(scipy.stats.t.sf(_number("t_sf (x)", x), _dof("t_sf", dof)))
 
 
 def t_cdf(x, dof):
     """P(T <= x) for Student's t with `dof` >= 1 degrees of freedom."""
+    import scipy.stats
+
     return float(scipy.stats.t.cdf(_number("t_cdf (x)", x), _dof("t_cdf", dof)))
 
 
 def t_quantile(p, dof):
     """Student's t quantile: the x with P(T <= x) = p."""
+    import scipy.stats
+
     return float(scipy.stats.t.ppf(_level("t_quantile (p)", p), _dof("t_quantile", dof)))
 
 
@@ -113,6 +118,8 @@ def mean_ci(values):
     """(mean, [lo, hi]) with a 95% t-interval over the values (one per batch, or per seed); at least 2 of them (one
     value has no spread to make an interval from: callers show its mean alone). Values that do not vary give [mean,
     mean] (scipy's t.interval gives NaN with a scale of 0)."""
+    import scipy.stats
+
     values = _values(values, "mean_ci", 2)
     mean, sd = _mean_sd(values)
     half = scipy.stats.t.ppf(0.975, len(values) - 1) * sd / math.sqrt(len(values))
@@ -141,6 +148,8 @@ def logit_mean_ci(values, eps=1e-4):
 def t_test_p(values):
     """Two-sided p-value of the one-sample t-test of mean 0 (for paired differences); 1.0 when all are equal to 0,
     0.0 when they are equal and not 0 (scipy's ttest_1samp gives NaN for both). At least 2 values."""
+    import scipy.stats
+
     values = _values(values, "t_test_p", 2)
     mean, sd = _mean_sd(values)
     if sd == 0:
@@ -153,6 +162,8 @@ def paired_power(delta, sd, n, alpha=0.05):
     and the differences' SD is `sd` > 0: P(|T| > t_{1-alpha/2, n-1}) with T noncentral t, noncentrality delta sqrt(n)
     / sd. The far tail P(T < -c) is taken as P(T' > c) with noncentrality -ncp: scipy's nct.cdf(-c) gives NaN there
     for some ncp (at 1 degree of freedom, ncp 15 and 18), where nct.sf does not."""
+    import scipy.stats
+
     delta = _number("paired_power (delta)", delta)
     sd = _number("paired_power (sd)", sd, lambda v: v > 0, "a spread > 0")
     n, alpha = _whole("paired_power (n)", n, 2), _level("paired_power (alpha)", alpha)
@@ -162,6 +173,8 @@ def paired_power(delta, sd, n, alpha=0.05):
 
 def min_detectable(sd, n, power=0.8, alpha=0.05):
     """The smallest true mean difference the two-sided paired t-test over n pairs detects with the given power."""
+    import scipy.optimize
+
     sd = _number("min_detectable (sd)", sd, lambda v: v > 0, "a spread > 0")
     n, alpha = _whole("min_detectable (n)", n, 2), _level("min_detectable (alpha)", alpha)
     power = _number("min_detectable (power)", power, lambda v: alpha < v < 1, f"a power between alpha {alpha} and 1")
@@ -207,6 +220,8 @@ def _pairs(name: str, xs, ys, fewest: int, claim: str) -> tuple[list, list]:
 
 def pearson(xs, ys):
     """Pearson's r of two lists of one length (at least 2); NaN when either does not vary (no correlation exists)."""
+    import scipy.stats
+
     xs, ys = _pairs("pearson", xs, ys, 2, "a correlation")
     if len(set(xs)) < 2 or len(set(ys)) < 2:
         return math.nan
@@ -217,6 +232,8 @@ def pearson(xs, ys):
 
 def _binom_pmfs(n, p):
     """[P(X = k) for k = 0..n], X ~ Binomial(n, p)."""
+    import scipy.stats
+
     return [float(v) for v in scipy.stats.binom.pmf(range(n + 1), n, p)]
 
 
@@ -224,6 +241,8 @@ def fisher_exact(a, n1, b, n2):
     """Two-sided p of Fisher's exact test that a of n1 and b of n2 differ in rate: the probability, given a + b events,
     of every split no more likely than the one seen (scipy's rule: R's, with a relative tolerance of 1e-14). Each arm
     needs a run."""
+    import scipy.stats
+
     for what, k, n in (("a, n1", a, n1), ("b, n2", b, n2)):
         _count(f"fisher_exact ({what})", k, n)
         if n < 1:
@@ -262,6 +281,8 @@ def exact_trend(arms):
 def exact_rate_ci(k, n, level=0.95):
     """Clopper-Pearson interval of a rate seen k times in n >= 1: the rates p for which k is not in either tail of
     Binomial(n, p) beyond (1 - level) / 2. 0 of 5 gives [0, 1 - 0.025^(1/5)] = [0, 0.522]."""
+    import scipy.stats
+
     _count("exact_rate_ci", k, n)
     if n < 1:
         raise ImpossibleInput("exact_rate_ci: 0 runs; a rate needs at least one")
@@ -271,6 +292,8 @@ def exact_rate_ci(k, n, level=0.95):
 
 def wilson_ci(k, n, level=0.95):
     """Wilson's score interval of a rate seen k times in n >= 1 (0 and 1 exactly at 0 of n and n of n)."""
+    import scipy.stats
+
     _count("wilson_ci", k, n)
     if n < 1:
         raise ImpossibleInput("wilson_ci: 0 runs; a rate needs at least one")
@@ -307,6 +330,8 @@ def _fisher_rejects(n, alpha):
 def min_detectable_incidence(p0, n, power=0.8, alpha=0.05):
     """The smallest rate p1 >= p0 that the two-sided Fisher test over n runs per arm detects with the given power
     against a true rate p0 (None if not even p1 = 1 is); the difference it can detect is p1 - p0."""
+    import scipy.optimize
+
     p0 = _number("min_detectable_incidence (p0)", p0, lambda v: 0 <= v <= 1, "a rate in [0, 1]")
     n, alpha = _whole("min_detectable_incidence (n)", n, 1), _level("min_detectable_incidence (alpha)", alpha)
     power = _number("min_detectable_incidence (power)", power, lambda v: alpha < v < 1,
@@ -321,6 +346,9 @@ def rank_correlation_p(xs, ys, permutations=20000, seed=0):
     share of pairings of ys with xs whose |rho| is at least the one seen: exact over every pairing where there are no
     more than `permutations` of them (7 pairs or fewer at 20,000), else over `permutations` random ones from a fixed
     seed with the seen one counted, (hits + 1) / (permutations + 1). (nan, 1.0) when xs or ys do not vary."""
+    import numpy as np
+    import scipy.stats
+
     xs, ys = _pairs("rank_correlation_p", xs, ys, 2, "a correlation")
     permutations = _whole("rank_correlation_p (permutations)", permutations, 1)
     if len(set(xs)) < 2 or len(set(ys)) < 2:
@@ -342,6 +370,8 @@ def sign_flip_p(diffs):
     """Two-sided exact permutation p of paired differences: the share of the 2^n sign flips whose |mean| is at least
     the observed one (ties counted within 1e-12 of the differences' scale; the observed signs included, so p >= 2 /
     2^n for n nonzero differences). At least 2 differences; above 20 the flips are too many to list."""
+    import numpy as np
+
     diffs = _values(diffs, "sign_flip_p", 2)
     if len(diffs) > 20:
         raise ImpossibleInput(f"sign_flip_p: {len(diffs)} differences; the exact test lists 2^n flips, at most 2^20")
@@ -356,6 +386,8 @@ def slope_ci(xs, ys):
     """The least-squares slope of ys on xs: (slope, [lo, hi] its 95% t-interval with n - 2 degrees of freedom, the
     two-sided p of slope 0). Needs 3 points or more and xs that are not all equal. Points on a line give [slope,
     slope] and p 0 (1 for a flat line), where scipy's linregress gives NaN or a p of 1e-10."""
+    import scipy.stats
+
     xs, ys = _pairs("slope_ci", xs, ys, 3, "a slope's interval")
     if len(set(xs)) < 2:
         raise ImpossibleInput(f"slope_ci (xs): all {len(xs)} equal; a slope needs different x")
@@ -369,6 +401,9 @@ def slope_ci(xs, ys):
 
 def _auc(positives, negatives, axis=-1):
     """The Mann-Whitney U of positives over negatives (pairs ordered right, ties half) as a share of the pairs."""
+    import numpy as np
+    import scipy.stats
+
     u = scipy.stats.mannwhitneyu(positives, negatives, method="asymptotic", axis=axis).statistic
     return u / (np.shape(positives)[axis] * np.shape(negatives)[axis])
 
@@ -386,6 +421,9 @@ def auc_bootstrap_ci(positives, negatives, resamples=10000, seed=0):
     with replacement, `resamples` times from a fixed seed (so the interval re-derives exactly); the interval's ends
     are the 2.5% and 97.5% quantiles of the resampled AUCs, interpolated. At least 2 of each class: one run resampled
     is that run every time, an interval of width 0."""
+    import numpy as np
+    import scipy.stats
+
     positives = _values(positives, "auc_bootstrap_ci (positives)", 2, "a bootstrap interval")
     negatives = _values(negatives, "auc_bootstrap_ci (negatives)", 2, "a bootstrap interval")
     resamples = _whole("auc_bootstrap_ci (resamples)", resamples, 1)

@@ -85,10 +85,48 @@ def test_holm_and_its_adjusted_p_refuse_alike_a_p_that_is_not_a_probability(holm
     (lambda: stats.mean_ci([0.1, math.nan]), "mean_ci: value 1 is nan, not a finite number"),
     (lambda: stats.t_test_p([0.1, math.inf]), "t_test_p: value 1 is inf, not a finite number"),
     (lambda: stats.logit_mean_ci([0.1, 1.2]), "logit_mean_ci: value 1 is 1.2, not a proportion in [0, 1]"),
+    # every other function: a NaN or infinity, and an input too small for what it claims
+    (lambda: stats.t_sf(math.nan, 3), "t_sf (x): nan is not a finite number"),
+    (lambda: stats.t_sf(1.0, 0.5), "t_sf (dof): 0.5 is not a number of degrees of freedom >= 1"),
+    (lambda: stats.t_cdf(math.inf, 3), "t_cdf (x): inf is not a finite number"),
+    (lambda: stats.t_quantile(1.0, 3), "t_quantile (p): 1.0 is not a probability strictly between 0 and 1"),
+    (lambda: stats.t_quantile(0.975, math.nan), "t_quantile (dof): nan is not a number of degrees of freedom >= 1"),
+    (lambda: stats.paired_power(math.nan, 1.0, 5), "paired_power (delta): nan is not a finite number"),
+    (lambda: stats.paired_power(1.0, 0.0, 5), "paired_power (sd): 0.0 is not a spread > 0"),
+    (lambda: stats.paired_power(1.0, 1.0, 1), "paired_power (n): 1 is not a whole number >= 2"),
+    (lambda: stats.min_detectable(math.inf, 5), "min_detectable (sd): inf is not a spread > 0"),
+    (lambda: stats.min_detectable(1.0, 5, power=0.01), "min_detectable (power): 0.01 is not a power between alpha"),
+    (lambda: stats.holm([0.01], alpha=math.nan), "holm (alpha): nan is not a probability strictly between 0 and 1"),
+    (lambda: stats.pearson([math.nan, 1, 2], [1, 2, 3]), "pearson (xs): value 0 is nan, not a finite number"),
+    (lambda: stats.pearson([1], [2]), "pearson (xs): 1 value(s); a correlation needs at least 2"),
+    (lambda: stats.pearson([1, 2], [1, 2, 3]), "pearson: 2 xs and 3 ys; each x needs its y"),
+    (lambda: stats.fisher_exact(0, 0, 1, 5), "fisher_exact (a, n1): 0 runs; a rate needs at least one"),
+    (lambda: stats.exact_trend([(math.nan, 5, 1), (1, 5, 2)]), "exact_trend (arm 0's score): nan is not a finite"),
+    (lambda: stats.exact_trend([(0.5, 5, 1), (1, 0, 0)]), "exact_trend: 2 arm(s) with runs at one score; a trend"),
+    (lambda: stats.wilson_ci(1, 5, level=1.5), "wilson_ci (level): 1.5 is not a probability strictly between"),
+    (lambda: stats.incidence_power(math.nan, 0.1, 5), "incidence_power (p1): nan is not a rate in [0, 1]"),
+    (lambda: stats.incidence_power(0.8, 1.2, 5), "incidence_power (p0): 1.2 is not a rate in [0, 1]"),
+    (lambda: stats.incidence_power(0.8, 0.1, 0), "incidence_power (n): 0 is not a whole number >= 1"),
+    (lambda: stats.min_detectable_incidence(math.nan, 5), "min_detectable_incidence (p0): nan is not a rate in [0, 1]"),
+    (lambda: stats.rank_correlation_p([1, 2, math.inf], [1, 2, 3]), "rank_correlation_p (xs): value 2 is inf, not a"),
+    (lambda: stats.rank_correlation_p([1], [1]), "rank_correlation_p (xs): 1 value(s); a correlation needs at least"),
+    (lambda: stats.sign_flip_p([math.nan, 0.1, 0.2]), "sign_flip_p: value 0 is nan, not a finite number"),
+    (lambda: stats.sign_flip_p([0.1]), "sign_flip_p: 1 value(s); an interval or a test needs at least 2"),
+    (lambda: stats.sign_flip_p([0.1] * 21), "sign_flip_p: 21 differences; the exact test lists 2^n flips, at most"),
+    (lambda: stats.slope_ci([1, 2, 3], [1, math.nan, 3]), "slope_ci (ys): value 1 is nan, not a finite number"),
+    (lambda: stats.slope_ci([1, 2], [1, 2]), "slope_ci (xs): 2 value(s); a slope's interval needs at least 3"),
+    (lambda: stats.slope_ci([1, 1, 1], [1, 2, 3]), "slope_ci (xs): all 3 equal; a slope needs different x"),
+    (lambda: stats.auc([math.nan], [0.1]), "auc (positives): value 0 is nan, not a finite number"),
+    (lambda: stats.auc([0.1], []), "auc (negatives): 0 value(s); an AUC needs at least 1"),
+    (lambda: stats.auc_bootstrap_ci([0.004], [0.001]),
+     "auc_bootstrap_ci (positives): 1 value(s); a bootstrap interval needs at least 2"),
+    (lambda: stats.auc_bootstrap_ci([0.004, 0.005], [0.001, math.nan]),
+     "auc_bootstrap_ci (negatives): value 1 is nan, not a finite number"),
 ])
 def test_inputs_no_study_gives_are_refused_in_one_line_naming_the_argument(call, message):
-    """6 events in 5 runs gave Fisher's p 0, and one value a 95% interval of width 0: numbers with no meaning. Each
-    is a ValueError (stats.ImpossibleInput) whose one line names the function and the argument."""
+    """6 events in 5 runs gave Fisher's p 0, one value a 95% interval of width 0, a NaN difference a sign-flip p of 0
+    and an AUC of 0, one run of each class a bootstrap interval [1, 1]: numbers with no meaning. Each is a ValueError
+    (stats.ImpossibleInput) whose one line names the function and the argument."""
     with pytest.raises(stats.ImpossibleInput) as refused:
         call()
     assert isinstance(refused.value, ValueError) and str(refused.value).startswith(message)
@@ -153,3 +191,60 @@ def test_fisher_and_the_trend_test_are_exact_for_large_n():
     mean = sum(k * w for k, w in tail.items())
     expected = float(sum(w for k, w in tail.items() if abs(k - mean) >= abs(40 - mean)))
     assert stats.exact_trend([(0, 1000, 500), (1, 60, 40)]) == pytest.approx(expected, rel=1e-9)
+
+
+def test_the_power_of_a_paired_test_with_two_pairs_is_the_integral_over_its_sd():
+    """With 2 pairs (1 degree of freedom) the sample SD over the true one is |Z|, half-normal, and the power is the
+    integral of P(|Z' + ncp| > c s) over its density. scipy's nct.cdf far in the lower tail gives NaN at ncp 15 and 18,
+    which made the minimum detectable effect at 2 seeds wrong (20.2 points at SD 1.75 read 12.9)."""
+    from scipy import integrate
+    from scipy import stats as sps
+    c = sps.t.ppf(0.975, 1)
+
+    def power(ncp):
+        def integrand(s):
+            tails = sps.norm.cdf(-c * s - ncp) + sps.norm.sf(c * s - ncp)
+            return math.sqrt(2 / math.pi) * math.exp(-s * s / 2) * tails
+        return integrate.quad(integrand, 0, 40, limit=200)[0]
+    for ncp in (2.0, 15.0, 18.0, 25.0):
+        assert stats.paired_power(ncp / math.sqrt(2), 1.0, 2) == pytest.approx(power(ncp), abs=1e-12)
+    mde = stats.min_detectable(1.75, 2)
+    assert stats.paired_power(mde, 1.75, 2) == pytest.approx(0.8, abs=1e-9) and round(mde, 1) == 20.2
+    far = stats.min_detectable(1.0, 2, alpha=0.001)  # 577 SDs: past the 100 SDs a fixed search range stopped at
+    assert far > 500 and stats.paired_power(far, 1.0, 2, alpha=0.001) == pytest.approx(0.8, abs=1e-9)
+
+
+def test_the_sign_flip_p_counts_ties_that_floating_point_splits():
+    """Differences of accuracies in steps of 1/800, as floats: flips whose sums are equal in exact arithmetic differ
+    in the last bits. Counted against the exact rational sums, the p is 76 / 128; scipy's permutation_test, whose
+    tolerance is relative to the observed sum (2e-14 of 0.00375), gives 70 / 128 on the same input."""
+    from itertools import product
+    accuracy = [(0.8025, 0.8), (0.7, 0.6975), (0.60125, 0.6), (0.6, 0.60125), (0.5, 0.50125), (0.41125, 0.41),
+                (0.3, 0.30125)]
+    diffs = [a - b for a, b in accuracy]
+    exact = [Fraction(a).limit_denominator(800) - Fraction(b).limit_denominator(800) for a, b in accuracy]
+    seen = abs(sum(exact))
+    hits = sum(abs(sum(s * d for s, d in zip(signs, exact))) >= seen for signs in product((1, -1), repeat=7))
+    assert hits == 76 and stats.sign_flip_p(diffs) == hits / 128
+
+
+def test_rank_correlation_p_is_exact_over_every_pairing_when_they_are_few():
+    """5 pairs have 120 pairings, fewer than the 20,000 permutations: the p is the exact share with |rho| at least
+    the one seen, 16 / 120 here (counted by hand below); rho is Spearman's, ties averaged."""
+    from itertools import permutations
+    xs, ys = [1, 2, 3, 4, 5], [2, 1, 4, 3, 5]
+    rho, p = stats.rank_correlation_p(xs, ys)
+    assert rho == pytest.approx(0.8)  # 1 - 6 * 4 / (5 * 24)
+    hits = sum(abs(sum((x - 3) * (y - 3) for x, y in zip(xs, perm))) >= 8 for perm in permutations(ys))
+    assert hits == 16 and p == pytest.approx(hits / 120, rel=1e-12)
+    assert stats.rank_correlation_p([1, 1, 1], [1, 2, 3]) == (pytest.approx(math.nan, nan_ok=True), 1.0)
+    many = stats.rank_correlation_p(list(range(12)), [3, 1, 2, 5, 4, 8, 6, 7, 11, 9, 10, 0], permutations=2000)
+    assert many == stats.rank_correlation_p(list(range(12)), [3, 1, 2, 5, 4, 8, 6, 7, 11, 9, 10, 0], permutations=2000)
+
+
+def test_a_slope_through_points_on_a_line_has_no_spread():
+    """scipy's linregress gives NaN for a flat line and p 1e-10 for points on a line; the slope's interval is then
+    the slope alone and its p 1 (flat) or 0."""
+    assert stats.slope_ci([1, 2, 3], [1, 1, 1]) == (0.0, [0.0, 0.0], 1.0)
+    slope, (lo, hi), p = stats.slope_ci([1, 2, 3], [2, 4, 6])
+    assert slope == pytest.approx(2.0) and lo == hi == slope and p == 0.0

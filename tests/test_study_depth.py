@@ -58,6 +58,9 @@ def test_family_1_reads_the_cells_as_the_protocol_fixed():
     assert "did not replicate the instability" in SD.verdicts_page(study)
     study[b[1]] = arm(lambda s: 0.80 + 0.2 * (s % 2))  # a wide interval: neither stable nor unstable
     assert SD.reading({"D": "unstable", "B": "not resolved", "C": "stable"}).startswith("not separated")
+    assert SD.reading({"D": "too few pairs", "B": "unstable", "C": "stable"}).startswith("not yet testable")
+    one_seed = {arm: {"0": runs["0"]} for arm, runs in study.items()}  # a study of one seed: no reading yet
+    assert "**not yet testable (a cell has fewer than two pairs)**" in SD.verdicts_page(one_seed)
 
 
 def test_family_2_better_equivalent_worse_not_resolved():

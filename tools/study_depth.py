@@ -135,7 +135,7 @@ def stability(row: dict) -> str:
     """Family 1's reading of one cell from its P1 row: unstable (the deficit holds and the interval lies below
     UNSTABLE), stable (the interval lies above UNSTABLE), or not resolved."""
     if "mean" not in row:
-        return "not resolved"
+        return "too few pairs"
     if row["verdict"] == "holds" and row["mean"] < 0 and row["hi"] < UNSTABLE:
         return "unstable"
     return "stable" if row["lo"] > UNSTABLE else "not resolved"
@@ -143,6 +143,8 @@ def stability(row: dict) -> str:
 
 def reading(cells: dict) -> str:
     """The protocol's sentence from the cells' states {"D": ..., "B": ..., "C": ...}."""
+    if "too few pairs" in cells.values():
+        return "not yet testable (a cell has fewer than two pairs)"
     if cells["D"] != "unstable":
         return ("the reference cell D did not replicate the instability in this block (" + cells["D"] + "): no "
                 "reading")
@@ -314,8 +316,10 @@ def arms_table(study: dict) -> str:
         k, j = sum(o is not None for o in onsets), sum(o is not None for o in eos)
         (lo, hi), (elo, ehi) = exact_rate_ci(k, len(runs)), exact_rate_ci(j, len(runs))
         finals = [final_acc(r) for r in runs if final_acc(r) is not None]
-        p1 = "n/a" if len(finals) < 2 else "{:.1f} [{:.1f}, {:.1f}]".format(
-            100 * logit_mean_ci(finals)[0], *(100 * v for v in logit_mean_ci(finals)[1]))
+        p1 = "n/a" if not finals else f"{100 * finals[0]:.1f}"  # one run: its value alone
+        if len(finals) > 1:
+            mean, (lo, hi) = logit_mean_ci(finals)
+            p1 = f"{100 * mean:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
         late = [mean_over([s for s in step_rows(r) if s["step"] > STEPS - LAST], "truncated_frac") for r in runs]
         late = [x for x in late if x is not None]
         lows = [lowest_accuracy(r) for r in runs if lowest_accuracy(r) is not None]

@@ -318,8 +318,8 @@ def arms_table(study: dict) -> str:
         finals = [final_acc(r) for r in runs if final_acc(r) is not None]
         p1 = "n/a" if not finals else f"{100 * finals[0]:.1f}"  # one run: its value alone
         if len(finals) > 1:
-            mean, (lo, hi) = logit_mean_ci(finals)
-            p1 = f"{100 * mean:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
+            mean, (low, high) = logit_mean_ci(finals)
+            p1 = f"{100 * mean:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
         late = [mean_over([s for s in step_rows(r) if s["step"] > STEPS - LAST], "truncated_frac") for r in runs]
         late = [x for x in late if x is not None]
         lows = [lowest_accuracy(r) for r in runs if lowest_accuracy(r) is not None]

@@ -355,7 +355,7 @@ def test_the_region_split_leaves_the_update_alone_under_liger_on_cuda(monkeypatc
         runs[split] = steps[0], {n: after[n] - before[n] for n in after}, metrics
     assert runs["last"][2]["grad_norm_low_neg"] > 0 and runs["last"][2]["grad_norm_high_pos"] > 0
     assert "grad_norm_low_neg" not in runs["off"][2]
-    assert largest_relative_difference(runs["last"][0], runs["off"][0]) <= 1e-5  # the gradients
+    assert largest_relative_difference(runs["last"][0], runs["off"][0]) <= 1e-4  # the gradients (the bug: ~0.8)
     assert largest_relative_difference(runs["last"][1], runs["off"][1]) <= 1e-2  # AdamW's steps (the bug: ~0.8)
 
 
@@ -405,7 +405,8 @@ def test_selective_checkpointing_under_fsdp2_with_liger_makes_no_checkpointings_
 def test_compiled_layers_under_liger_give_the_same_gradients_on_cuda(monkeypatch):
     """models.compile_layers on the GPU (inductor's Triton code), with Liger's kernels and full checkpointing, the
     preset's settings: the plain model's log-probs, entropies and gradients, padded and packed, to fp32 rounding; and
-    torch.compile made graphs, with a graph break at least where attention is left out of them in each layer."""
+    torch.compile made graphs, with a graph break where attention is left out of them (printed: the graphs and graph
+    breaks made, and why, beside the software)."""
     from test_levers import micro_batch, model_with
     from torch._dynamo.utils import counters
 
@@ -421,7 +422,7 @@ def test_compiled_layers_under_liger_give_the_same_gradients_on_cuda(monkeypatch
             want = run_model(model_with("full", **options), micro_batch(layout, CUDA), fused=True)
             assert_same_run(run_model(model, micro_batch(layout, CUDA), fused=True), want, tol=1e-4)
         made = bench.compile_counts()
-        assert made["graphs"] >= 1 and made["graph_breaks"] >= len(models.decoder_layers(model)), made
+        assert made["graphs"] >= 2 and any("attention_forward" in reason for reason in counters["graph_break"]), made
         print(f"\ncompiled layers: {len(models.decoder_layers(model))} wrapped, {made['graphs']} graphs, "
               f"{made['graph_breaks']} graph breaks ({made['graph_break_reasons']}); {bench.software()}")
     finally:

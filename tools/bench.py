@@ -926,8 +926,10 @@ def bench_checkpoint_memory(device="cuda", tokens=20480, config=None) -> dict:
     """At the 1.5B shape, one packed row of `tokens` tokens (one sequence: the preset's 4,096-token prompt and 16,384
     response): the memory a training forward leaves allocated for its backward (allocated after it, the graph alive,
     minus before) under full and under selective checkpointing (the preset's path otherwise: FSDP2 bf16, Liger, fused
-    log-probs), each beside checkpoint_kept_bytes' reckoning; and the selective policy's rotary copies of q and k
-    (rotary_copies). A CPU gives the reckoning only. Each row is printed as it ends."""
+    log-probs), each beside checkpoint_kept_bytes' reckoning of the decoder layers' share, and their difference, in
+    which what lies outside the layers cancels (the root's gathered bf16 embedding and head, which FSDP2 keeps from
+    forward to backward, ~0.9 GiB at this shape; the fused head's saved hidden states); and the selective policy's
+    rotary copies of q and k (rotary_copies). A CPU gives the reckoning only. Each row is printed as it ends."""
     config = config or R1_DISTILL_1P5B
     stack, gib = software(), 2**30
     out = {"software": stack, "row_tokens": tokens}
@@ -940,9 +942,12 @@ def bench_checkpoint_memory(device="cuda", tokens=20480, config=None) -> dict:
         return out
     for mode in ("full", "selective"):
         out[f"measured_{mode}_gib"], out[f"{mode}_kernels"] = _kept_by_a_forward(config, device, mode, tokens)
-        print(f"checkpoint_memory: {mode} checkpointing keeps {out[f'measured_{mode}_gib']:.2f} GiB of a {tokens:,}-"
-              f"token row at the 1.5B shape (reckoned {out[f'reckoned_{mode}_gib']:.2f}; "
-              f"{out[f'{mode}_kernels']['checkpointing']}); {stack}", flush=True)
+        print(f"checkpoint_memory: {mode} checkpointing: a training forward of a {tokens:,}-token row at the 1.5B "
+              f"shape leaves {out[f'measured_{mode}_gib']:.2f} GiB allocated (the decoder layers' share reckoned "
+              f"{out[f'reckoned_{mode}_gib']:.2f}; {out[f'{mode}_kernels']['checkpointing']}); {stack}", flush=True)
+    out["measured_selective_minus_full_gib"] = out["measured_selective_gib"] - out["measured_full_gib"]
+    print(f"checkpoint_memory: selective keeps {out['measured_selective_minus_full_gib']:.2f} GiB more than full "
+          f"(reckoned {out['reckoned_selective_gib'] - out['reckoned_full_gib']:.2f}); {stack}", flush=True)
     out.update(rotary_copies(config, device, tokens))
     print(f"checkpoint_memory: the rotary's q and k copies (selective): {out['rotary_copies_transient_mib']:.0f} MiB "
           f"at a time (reckoned {out['reckoned_rotary_copies_mib']:.0f}), {out['rotary_copies_ms_per_row']:.2f} ms "

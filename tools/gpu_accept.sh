@@ -86,6 +86,7 @@ run_part() {
     timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT/$log" | grep --line-buffered -E "$pattern"
     local code=${PIPESTATUS[0]}
     local what="exit $code"
+    [ "$code" -ne 0 ] && what="exit $code: $(grep -v '^\s*$' "$OUT/$log" | tail -1 | cut -c 1-200)"
     [ "$code" -eq 124 ] || [ "$code" -eq 137 ] && what="cut at its limit; the rows above are what ran"
     note "$name: $what ($((SECONDS - began)) s of $limit; log $OUT/$log)"
     [ "$code" -ne 0 ] && [ "$FAILED" -eq 0 ] && FAILED=$code
@@ -105,7 +106,7 @@ if [ "$CUDA" -eq 1 ]; then
     elif ls .gpu-wheels/*.whl >/dev/null 2>&1; then
         TARGET="$(mktemp -d "${TMPDIR:-/tmp}/gpu-accept-wheels.XXXXXX")"
         trap 'rm -rf "$TARGET"' EXIT
-        if ! "$PY" -m pip install --quiet --no-deps --no-index --target "$TARGET" .gpu-wheels/*.whl \
+        if ! "$PY" -m pip install --quiet --no-deps --no-index --no-compile --target "$TARGET" .gpu-wheels/*.whl \
             >"$OUT/wheels.log" 2>&1; then
             for wheel in .gpu-wheels/*.whl; do  # pure-Python wheels: unpacked onto the path, they are installed
                 "$PY" -m zipfile -e "$wheel" "$TARGET" >>"$OUT/wheels.log" 2>&1

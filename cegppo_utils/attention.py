@@ -65,7 +65,10 @@ def layout(attention_mask, position_ids, batch: int, length: int, device) -> Lay
 
 def from_lengths(lengths: list[int], device) -> Layout:
     """The layout of sequences of these lengths laid end to end (a packed row, or several rows' worth), built on the
-    host: copying cu_seqlens to the device waits for nothing."""
+    host, so no forward reads the device for it. Its one device copy, cu_seqlens from pageable host memory, is a
+    blocking host-to-device copy: the host waits until the stream has run everything queued before it (a host sync,
+    which CUDA's sync-debug mode reports). train.pack builds every row's layout when the update's micro-batches are
+    made, before their forwards are queued, so the stream has little or nothing to finish then."""
     cu = torch.tensor([0] + list(lengths), dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
     return Layout(None, cu, list(lengths), max(lengths, default=0))
 
@@ -218,11 +221,18 @@ def padding_mask(batch_size, q_length, kv_length, attention_mask=None, **kwargs)
     return None if attention_mask.shape[1] == kv_length and bool(attention_mask.all()) else attention_mask.bool()
 
 
+_untraced = [False]  # set for good once a model's layers are compiled: the registration is process-wide
+
+
 def register(untraced: bool = False):
     """Make NAME an attn_implementation transformers knows (idempotent); untraced: torch.compile leaves the attention
-    out of the graphs it captures (models.compile_layers), a graph break around it."""
+    out of the graphs it captures (models.compile_layers), a graph break around it. The registration is transformers'
+    one mapping for the process, so once untraced it stays so: a model set up later (train.py's KL reference, a test's
+    reference model) must not put the traced function back under layers compiled before it, where dynamo would trace
+    into the layout search (nonzero, tolist: a graph break each). Untraced costs an eager model nothing."""
     from transformers import AttentionInterface, AttentionMaskInterface
-    AttentionInterface.register(NAME, torch.compiler.disable(attention_forward) if untraced else attention_forward)
+    _untraced[0] = _untraced[0] or untraced
+    AttentionInterface.register(NAME, torch.compiler.disable(attention_forward) if _untraced[0] else attention_forward)
     AttentionMaskInterface.register(NAME, padding_mask)
 
 

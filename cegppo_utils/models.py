@@ -82,6 +82,16 @@ def weights_hash(path: str) -> str | None:
 # stay off: the objective needs each token's log-prob and entropy at the sampling temperature, which logprobs.py's
 # fused head computes, not a mean cross-entropy.
 LIGER_PATCHES = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False)
+# The RoPE implementation, pinned. liger-kernel 0.8.5 routes its rotary function through a dispatcher
+# (liger_kernel.backends.dispatch) that picks, per call, between its Triton kernel and a CuTe DSL one: where the
+# `cutlass` package imports on a Hopper or newer GPU, a bf16 or fp16 q that needs a gradient, head_dim >= 128 and at
+# least 131,072 q head-rows (batch x heads x length) go to CuTe DSL. The 1.5B preset's packed row is 12 heads x
+# 20,480 tokens x head_dim 128 = 245,760 head-rows: exactly that zone, so the kernel trained with would depend on
+# whether `cutlass` happens to be installed, and at shapes the CUDA tests never reach. The per-op variable below is
+# the dispatcher's own override (it comes before LIGER_KERNEL_IMPL and liger_kernel.set_impl); Triton's kernel is the
+# one tests/test_cuda.py checks, at the tests' shapes and at the preset's. Older liger-kernel releases have no
+# dispatcher and run Triton's anyway.
+LIGER_ROPE_IMPL = ("LIGER_KERNEL_IMPL_ROPE", "nvidia-triton")
 
 
 def use_liger(model, device) -> str:
@@ -101,8 +111,24 @@ def use_liger(model, device) -> str:
     if apply is None:
         return f"off (Liger has no kernels for model type {model_type!r})"
     takes = inspect.signature(apply).parameters
+    if LIGER_PATCHES["rope"] and "rope" in takes:
+        os.environ[LIGER_ROPE_IMPL[0]] = LIGER_ROPE_IMPL[1]  # read at every call: set before the first forward
     apply(model=model, **{name: on for name, on in LIGER_PATCHES.items() if name in takes})
-    return "on: " + ", ".join(name for name in ("rms_norm", "rope", "swiglu") if LIGER_PATCHES[name] and name in takes)
+    return "on: " + ", ".join(name + (f" ({liger_rope_impl()})" if name == "rope" else "")
+                              for name in ("rms_norm", "rope", "swiglu") if LIGER_PATCHES[name] and name in takes)
+
+
+def liger_rope_impl(device=None) -> str:
+    """The implementation Liger's dispatcher resolves for its RoPE here (its name, as LIGER_ROPE_IMPL spells them), or
+    why none: read from the dispatcher itself, not from the setting."""
+    try:
+        from liger_kernel.backends.dispatch import resolve_impl
+    except ImportError:
+        return "Triton (a liger-kernel without the dispatcher)"
+    try:
+        return resolve_impl("rope", device=device).impl_name
+    except Exception as e:  # no triton here (a CPU), an unknown name in the variable
+        return f"unresolved: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
 
 
 # Selective activation checkpointing: what a checkpointed decoder layer keeps from its forward for the backward. Full
@@ -118,11 +144,17 @@ def use_liger(model, device) -> str:
 # q and k in place, in the q and k projections' (addmm) outputs, with Triton stores that bump no version counter; the
 # recomputation would rotate the kept, already rotated q and k a second time, and dq, dk and dv come out wrong while the
 # loss looks right. Under the selective policy the model family's rotary function therefore gets copies of q and k
-# (_rotary_on_copies). Of the three ways out, it costs least by this reckoning (not measured on a GPU): two copies of q
-# and k per forward and per recomputation (at the 1.5B shape ~3.5 KiB per token and layer in bf16, about 2 GB per
-# 20,480-token row: milliseconds at HBM rates, against ~0.8 s per row); transformers' out-of-place RoPE instead would
-# run about six elementwise kernels forward and more backward over the same tensors; and keeping q and k out of the
-# kept set would recompute their GEMMs, ~6% of a layer's GEMM FLOPs at that shape.
+# (_rotary_on_copies). Of the three ways out, it costs least by this reckoning: a copy of q and of k per layer, in the
+# forward and again in the recomputation. Their memory is transient: at the 1.5B shape one layer's q and k of a
+# 20,480-token row in bf16 are 60 + 10 MiB, alive while that layer's attention runs (the copies are not kept: the
+# policy recomputes them), so about 70 MiB at any time, not a sum over layers. Their time: 70 MiB read and written per
+# layer and pass, 28 layers, two passes, about 7.7 GiB of traffic per row, about 2 ms at HBM rates against ~0.8 s per
+# row (tools/bench.py's checkpoint_memory times them on a GPU). Transformers' out-of-place RoPE instead would run about
+# six elementwise kernels forward and more backward over the same tensors; and keeping q and k out of the kept set
+# would recompute their GEMMs, ~6% of a layer's GEMM FLOPs at that shape. What the selective policy keeps is far
+# larger than the copies: every kept product's output, 24,576 values per token and layer at that shape (q, k, v, the
+# attention output, o, gate, up, down), 48 KiB in bf16, about 26 GiB per 20,480-token row over 28 layers, against
+# full checkpointing's 3 KiB (the layer's input), about 1.6 GiB per row.
 def _saved_by_selective(op) -> bool:
     name = str(op.overloadpacket.__name__) if hasattr(op, "overloadpacket") else str(op)
     return name in ("mm", "addmm", "bmm") or "attention" in name or "attn" in name
@@ -210,13 +242,17 @@ def _where(fn) -> str:
 
 def kernels_in_use(model) -> dict:
     """What the built model's forwards run, read from the model itself (not from the settings that asked for it):
-    the RMSNorm, rotary and MLP functions (Liger's or transformers'), the attention implementation, how many decoder
-    layers are checkpointed and how (full or selective), and how many are compiled."""
+    the RMSNorm, rotary and MLP functions (Liger's or transformers'; for Liger's rotary, the kernel its dispatcher
+    resolves), the attention implementation, how many decoder layers are checkpointed and how (full or selective),
+    and how many have a compiled forward (wrapped layers, not graphs: tools/bench.py counts those)."""
     layers = decoder_layers(model)
     layer = layers[0]
     rotary = getattr(family_module(model), "apply_rotary_pos_emb", None)
     copies = getattr(rotary, "rotates_copies_of", None)
-    rope = "none" if rotary is None else _where(copies or rotary) + (" (on copies of q and k)" if copies else "")
+    rope = "none" if rotary is None else _where(copies or rotary)
+    if rope.startswith("liger_kernel"):  # which of Liger's RoPE kernels its dispatcher runs (LIGER_ROPE_IMPL)
+        rope += f" [{liger_rope_impl()}]"
+    rope += " (on copies of q and k)" if copies else ""
     checkpointed = [m for m in layers if m.gradient_checkpointing]
     func = getattr(checkpointed[0], "_gradient_checkpointing_func", None) if checkpointed else None
     return {"rms_norm": _where(layer.input_layernorm.forward), "swiglu": _where(layer.mlp.forward),

@@ -6,6 +6,7 @@ kernels themselves, one update through either path, and a short train.py run wit
 without a CUDA device (CI has none)."""
 
 import math
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -121,8 +122,10 @@ def test_kernel_for_picks_a_varlen_kernel_for_half_precision_on_cuda(monkeypatch
 
 def test_liger_is_applied_on_cuda_only_and_never_its_cross_entropy(monkeypatch):
     """models.use_liger: on CUDA it patches the model's RMSNorm, RoPE and SwiGLU through Liger's function for the model
-    type, its cross-entropy kernels off (the loss needs per-token log-probs and entropy: logprobs.py's fused head);
-    on a CPU, for a model type Liger lacks, or without liger-kernel it does nothing and says why."""
+    type, its cross-entropy kernels off (the loss needs per-token log-probs and entropy: logprobs.py's fused head), and
+    pins its RoPE to Triton's kernel through the dispatcher's per-op variable (liger-kernel 0.8.5 would pick CuTe DSL's
+    at the 1.5B preset's shape where `cutlass` imports), naming the kernel its dispatcher resolves; on a CPU, for a
+    model type Liger lacks, or without liger-kernel it does nothing and says why."""
     import sys
     import types
 
@@ -135,12 +138,19 @@ def test_liger_is_applied_on_cuda_only_and_never_its_cross_entropy(monkeypatch):
                           rms_norm=rms_norm, swiglu=swiglu, model=model))
     patch = types.ModuleType("liger_kernel.transformers.monkey_patch")
     patch.MODEL_TYPE_TO_APPLY_LIGER_FN = {"qwen2": apply_liger_kernel_to_qwen2}
-    for name in ("liger_kernel", "liger_kernel.transformers"):
+    dispatch = types.ModuleType("liger_kernel.backends.dispatch")  # 0.8.5's: the per-op variable first, else auto
+    dispatch.resolve_impl = lambda op, device=None: SimpleNamespace(
+        impl_name=os.environ.get(f"LIGER_KERNEL_IMPL_{op.upper()}", "nvidia-cutedsl"))  # auto: CuTe at the preset
+    for name in ("liger_kernel", "liger_kernel.transformers", "liger_kernel.backends"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers.monkey_patch", patch)
+    monkeypatch.setitem(sys.modules, "liger_kernel.backends.dispatch", dispatch)
+    monkeypatch.delenv("LIGER_KERNEL_IMPL_ROPE", raising=False)
     model = tiny_qwen2(tied=False)
     assert models.use_liger(model, torch.device("cpu")).startswith("off (Triton kernels need CUDA)") and calls == []
-    assert models.use_liger(model, CUDA) == "on: rms_norm, rope, swiglu"
+    assert "LIGER_KERNEL_IMPL_ROPE" not in os.environ
+    assert models.use_liger(model, CUDA) == "on: rms_norm, rope (nvidia-triton), swiglu"  # pinned, and read back
+    assert os.environ["LIGER_KERNEL_IMPL_ROPE"] == "nvidia-triton"
     assert calls == [dict(rope=True, cross_entropy=False, fused_linear_cross_entropy=False, rms_norm=True, swiglu=True,
                           model=model)]
     model.config.model_type = "unknown"
@@ -159,7 +169,22 @@ def liger_family(monkeypatch):
         pytest.fail("liger-kernel is not installed (requirements-gpu.txt): the GPU presets' Liger kernels go untested")
     for name in ("apply_rotary_pos_emb", "Qwen2RMSNorm", "Qwen2MLP"):
         monkeypatch.setattr(Q, name, getattr(Q, name))
+    monkeypatch.delenv("LIGER_KERNEL_IMPL_ROPE", raising=False)  # use_liger's pin, undone after the test
     return Q
+
+
+def forward_and_grad(fn, *inputs):
+    """fn's outputs and the gradients of its inputs under a fixed weighting of the outputs, in fp32."""
+    inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+    out = fn(*inputs)
+    out = out if isinstance(out, tuple) else (out,)
+    sum((o.float() * torch.linspace(-1, 1, o.numel(), device=o.device).view_as(o)).sum() for o in out).backward()
+    return [o.float() for o in out] + [t.grad.float() for t in inputs]
+
+
+def bf16_close(got, want):
+    for g, w in zip(got, want):
+        assert (g - w).abs().max() <= 2 ** -6 * w.abs().max() + 1e-3, (g - w).abs().max()
 
 
 @needs_cuda
@@ -179,29 +204,18 @@ def test_liger_kernels_match_eager_on_cuda(monkeypatch):
     patched = tiny_qwen2(tied=False, seed=5).to(CUDA, torch.bfloat16)
     assert models.use_liger(patched, CUDA).startswith("on") and models.liger_in_use(models.kernels_in_use(patched))
     x = torch.randn(3, 11, 64, device=CUDA, dtype=torch.bfloat16)
-
-    def forward_and_grad(fn, *inputs):
-        inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
-        out = fn(*inputs)
-        out = out if isinstance(out, tuple) else (out,)
-        sum((o.float() * torch.linspace(-1, 1, o.numel(), device=CUDA).view_as(o)).sum() for o in out).backward()
-        return [o.float() for o in out] + [t.grad.float() for t in inputs]
-
-    def close(got, want):
-        for g, w in zip(got, want):
-            assert (g - w).abs().max() <= 2 ** -6 * w.abs().max() + 1e-3, (g - w).abs().max()
     for a, b in ((eager.model.layers[0].input_layernorm, patched.model.layers[0].input_layernorm),
                  (eager.model.norm, patched.model.norm), (eager.model.layers[1].mlp, patched.model.layers[1].mlp)):
         assert b.forward.__func__.__module__.startswith("liger_kernel")  # Liger's forward, bound to the module
         assert not a.forward.__func__.__module__.startswith("liger_kernel")
-        close(forward_and_grad(b, x), forward_and_grad(a, x))
+        bf16_close(forward_and_grad(b, x), forward_and_grad(a, x))
     positions = torch.arange(11, device=CUDA).expand(3, 11)
     cos, sin = eager.model.rotary_emb(x, positions)
     q, k = (torch.randn(3, 4, 11, 16, device=CUDA, dtype=torch.bfloat16),
             torch.randn(3, 2, 11, 16, device=CUDA, dtype=torch.bfloat16))
     assert Q.apply_rotary_pos_emb is not eager_rope
-    close(forward_and_grad(lambda q, k: Q.apply_rotary_pos_emb(q, k, cos, sin), q, k),
-          forward_and_grad(lambda q, k: eager_rope(q, k, cos, sin), q, k))
+    bf16_close(forward_and_grad(lambda q, k: Q.apply_rotary_pos_emb(q, k, cos, sin), q, k),
+               forward_and_grad(lambda q, k: eager_rope(q, k, cos, sin), q, k))
     got = run_model(patched, batch, fused=True, autocast_dtype=torch.bfloat16)
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=5e-2)
     torch.testing.assert_close(got[1], want[1], rtol=0, atol=5e-2)
@@ -240,6 +254,179 @@ def test_selective_checkpointing_under_liger_gives_the_gradients_of_no_checkpoin
     torch.testing.assert_close(got[0], want[0], rtol=tol, atol=tol)
     torch.testing.assert_close(got[1], want[1], rtol=tol, atol=tol)
     assert relative_error(got, want) <= tol, relative_error(got, want)
+
+
+@needs_cuda
+def test_liger_rope_runs_triton_at_the_presets_shape_on_cuda(monkeypatch):
+    """liger-kernel 0.8.5's dispatcher would send the 1.5B preset's packed row (q [1, 12 heads, 20,480 tokens, head_dim
+    128] in bf16, needing a gradient: 245,760 q head-rows) to its CuTe DSL RoPE where `cutlass` imports; use_liger pins
+    Triton's. At that shape: the dispatcher resolves Triton's, CuTe DSL's kernel is never called (where it imports at
+    all), and the rotation and its input gradients match transformers' own within bf16 rounding."""
+    from cegppo_utils import models
+    Q = liger_family(monkeypatch)
+    eager_rope = Q.apply_rotary_pos_emb
+    assert "rope (nvidia-triton)" in models.use_liger(tiny_qwen2(tied=False).to(CUDA), CUDA)
+    from liger_kernel.backends.dispatch import resolve_impl
+    assert resolve_impl("rope", device=CUDA).impl_name == "nvidia-triton"
+    try:
+        from liger_kernel.ops.backends._cutedsl import rope as cute
+    except Exception:  # no cutlass here: the dispatcher could not have picked it either
+        cute = None
+    if cute is not None:
+        monkeypatch.setattr(cute._LigerRopeCuTeDSLFunction, "apply",
+                            lambda *a: pytest.fail("the CuTe DSL RoPE ran, not the pinned Triton one"))
+    heads, kv_heads, tokens, head_dim = 12, 2, 20480, 128  # R1-Distill-Qwen-1.5B, one packed row of the preset
+    g = torch.Generator(device=CUDA).manual_seed(0)
+    q = torch.randn(1, heads, tokens, head_dim, device=CUDA, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(1, kv_heads, tokens, head_dim, device=CUDA, dtype=torch.bfloat16, generator=g)
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, head_dim, 2, device=CUDA).float() / head_dim)
+    angles = torch.arange(tokens, device=CUDA).float()[:, None] * inv_freq
+    angles = torch.cat((angles, angles), -1)[None]
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    bf16_close(forward_and_grad(lambda q, k: Q.apply_rotary_pos_emb(q, k, cos, sin), q, k),
+               forward_and_grad(lambda q, k: eager_rope(q, k, cos, sin), q, k))
+
+
+def update_sequences(count=8, seed=3):
+    """Sequences of the tiny model's tokens with advantages of both signs, as train.py's update takes them."""
+    import random
+    rng = random.Random(seed)
+    return [{"prompt_ids": [rng.randrange(5, 270) for _ in range(5)],
+             "response_ids": [rng.randrange(5, 270) for _ in range(rng.randrange(4, 14))],
+             "advantage": rng.choice([-1.0, 1.0]) * rng.uniform(0.3, 1.5), "correct": rng.random() < 0.5}
+            for _ in range(count)]
+
+
+def recorded_steps(policy) -> list:
+    """The gradients ({name: fp32 copy}) the optimizer finds at each of its steps, recorded as they come."""
+    steps = []
+
+    def record(optimizer, args, kwargs):
+        steps.append({n: (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).detach().float().clone()
+                      for n, p in policy.model.named_parameters() if p.grad is not None})
+    policy.optimizer.register_step_pre_hook(record)
+    return steps
+
+
+def local_parameters(model) -> dict:
+    return {n: (p.to_local() if hasattr(p, "to_local") else p).detach().float().clone()
+            for n, p in model.named_parameters()}
+
+
+def largest_relative_difference(got: dict, want: dict) -> float:
+    assert got.keys() == want.keys() and want
+    return max(((got[n] - want[n]).norm() / want[n].norm().clamp(min=1e-12)).item() for n in want)
+
+
+@needs_cuda
+@pytest.mark.parametrize("checkpointing", [[], ["--gradient-checkpointing"],
+                                           ["--gradient-checkpointing", "--selective-checkpointing"]],
+                         ids=["no checkpointing", "full", "selective"])
+def test_the_region_split_leaves_the_update_alone_under_liger_on_cuda(monkeypatch, tiny_model_path, checkpointing):
+    """Liger's SwiGLU backward writes its gradients into the gate and up activations it saved, and
+    --region-grad-norms backwards the graph once per non-empty clip region before loss.backward() runs over it. With
+    Liger's real kernels, in fp32 (the tiny preset's precision on CUDA), the model as train.load_policy builds it: an
+    optimizer step (train.update_policy) that splits the gradient by region ("last", the default) finds the gradients
+    and makes the parameters of the same step with --region-grad-norms off, under no, full and selective
+    checkpointing; and the split measured something (its first mini-batch's old policy is moved away from this one so
+    that both regions hold tokens). A combination train.py refuses in one line is skipped, named."""
+    from conftest import parse_train_args
+
+    import train
+    from cegppo_utils import models
+    liger_family(monkeypatch)
+    runs = {}
+    for split in ("off", "last"):
+        try:
+            args = parse_train_args([*checkpointing, "--region-grad-norms", split, "--lr", "1e-3",
+                                     "--warmup-steps", "0"])
+        except SystemExit:
+            pytest.skip(f"train.py refuses {' '.join(checkpointing)} --region-grad-norms {split} (one line, exit 2)")
+        policy, _ = train.load_policy(args, tiny_model_path, CUDA, ["Compute 2 + 3."])
+        assert models.liger_in_use(models.kernels_in_use(policy.model)) and policy.region_grad_norms == split
+        mini = train.make_mini_batches(policy, [update_sequences()], args.loss)[0]
+        g = torch.Generator().manual_seed(5)
+        for mb in mini.micro:
+            logp, mb.old_entropy, _ = train.response_logprobs(policy, mb)
+            mb.old_logp = logp + 0.6 * torch.randn(logp.shape, generator=g).to(CUDA) * mb.response_mask
+        before, steps = local_parameters(policy.model), recorded_steps(policy)
+        metrics = train.update_policy(policy, [mini], args.loss)
+        after = local_parameters(policy.model)
+        runs[split] = steps[0], {n: after[n] - before[n] for n in after}, metrics
+    assert runs["last"][2]["grad_norm_low_neg"] > 0 and runs["last"][2]["grad_norm_high_pos"] > 0
+    assert "grad_norm_low_neg" not in runs["off"][2]
+    assert largest_relative_difference(runs["last"][0], runs["off"][0]) <= 1e-4  # the gradients (the bug: ~0.8)
+    assert largest_relative_difference(runs["last"][1], runs["off"][1]) <= 1e-2  # AdamW's steps (the bug: ~0.8)
+
+
+@needs_cuda
+@pytest.mark.parametrize("layout", [[], ["--micro-batch-tokens", "512"]], ids=["padded", "packed"])
+def test_selective_checkpointing_under_fsdp2_with_liger_makes_no_checkpointings_update_on_cuda(monkeypatch,
+                                                                                             tiny_model_path, layout):
+    """train.py --precision bf16 in one process (FSDP2's bf16 over fp32 masters, Liger's real kernels, per-sequence
+    varlen attention): an update of two mini-batches (the old log-probs' forward on the second, two AdamW steps) with
+    --gradient-checkpointing --selective-checkpointing finds, at each optimizer step, the gradients of the same update
+    without checkpointing, within bf16 rounding, and moves the parameters as it does; padded micro-batches and packed
+    rows."""
+    import torch.distributed as dist
+    from conftest import parse_train_args
+
+    import train
+    from cegppo_utils import models
+    liger_family(monkeypatch)
+    seqs, runs = update_sequences(), {}
+    try:
+        for checkpointing in ([], ["--gradient-checkpointing", "--selective-checkpointing"]):
+            args = parse_train_args(["--precision", "bf16", *layout, *checkpointing, "--lr", "1e-3",
+                                     "--warmup-steps", "0"])
+            policy, _ = train.load_policy(args, tiny_model_path, CUDA, ["Compute 2 + 3."])
+            kernels = models.kernels_in_use(policy.model)
+            assert models.liger_in_use(kernels) and kernels["checkpointing"].startswith(
+                "selective" if checkpointing else "off"), kernels
+            minis = train.make_mini_batches(policy, [seqs[:4], seqs[4:]], args.loss)
+            before, steps = local_parameters(policy.model), recorded_steps(policy)
+            train.old_logprobs(policy, minis)
+            train.update_policy(policy, minis, args.loss)
+            after = local_parameters(policy.model)
+            runs[bool(checkpointing)] = steps, {n: after[n] - before[n] for n in after}
+    finally:
+        if dist.is_initialized():  # the group of one that place_model made for this process
+            dist.destroy_process_group()
+    (plain_steps, plain_moved), (selective_steps, selective_moved) = runs[False], runs[True]
+    assert len(plain_steps) == len(selective_steps) == 2
+    for got, want in zip(selective_steps, plain_steps):
+        assert largest_relative_difference(got, want) <= 2e-2
+    # AdamW's first steps are close to lr x sign(gradient): a gradient near 0 may change sign within bf16 rounding
+    assert largest_relative_difference(selective_moved, plain_moved) <= 0.2
+
+
+@needs_cuda
+@pytest.mark.slow  # compiling: tools/gpu_accept.sh runs it as a part of its own
+def test_compiled_layers_under_liger_give_the_same_gradients_on_cuda(monkeypatch):
+    """models.compile_layers on the GPU (inductor's Triton code), with Liger's kernels and full checkpointing, the
+    preset's settings: the plain model's log-probs, entropies and gradients, padded and packed, to fp32 rounding; and
+    torch.compile made graphs, with a graph break where attention is left out of them (printed: the graphs and graph
+    breaks made, and why, beside the software)."""
+    from test_levers import micro_batch, model_with
+    from torch._dynamo.utils import counters
+
+    from cegppo_utils import models
+    from tools import bench
+    liger_family(monkeypatch)
+    options = dict(liger=True, device=CUDA)
+    counters.clear()
+    try:
+        model = model_with("full", **options)
+        models.compile_layers(model)
+        for layout in ("padded", "packed"):
+            want = run_model(model_with("full", **options), micro_batch(layout, CUDA), fused=True)
+            assert_same_run(run_model(model, micro_batch(layout, CUDA), fused=True), want, tol=1e-4)
+        made = bench.compile_counts()
+        assert made["graphs"] >= 2 and any("attention_forward" in reason for reason in counters["graph_break"]), made
+        print(f"\ncompiled layers: {len(models.decoder_layers(model))} wrapped, {made['graphs']} graphs, "
+              f"{made['graph_breaks']} graph breaks ({made['graph_break_reasons']}); {bench.software()}")
+    finally:
+        torch.compiler.reset()
 
 
 # --- the engine's sleep: level 2 ---------------------------------------------------------------------------------

@@ -42,11 +42,18 @@ Sections:
             fresh model, each row printed as it ends
   update_memory  (GPU only) one train.py update (stages 5 and 6) at the 1.5B model's shape, random weights, 2 x
             16,384-token responses: peak memory with full logits against the fused log-probs, each in a fresh process
+  host_syncs  the host syncs of train.py's update stage, per micro-batch, per optimizer step and per stage, packed and
+            padded (bench_host_syncs): on CUDA counted by its sync-debug mode on the preset's path (FSDP2 bf16, Liger,
+            full checkpointing); on a CPU at the dispatcher, a lower bound
+  checkpoint_memory  (GPU; a CPU prints the reckoning only) what full and selective checkpointing keep of one
+            20,480-token row at the 1.5B shape, measured beside the reckoning, and the selective policy's rotary
+            copies of q and k: their memory and time per row
 """
 
 # --update-attn is read before the import below that loads torch, so imports follow code here:
 # ruff: noqa: E402
 import argparse
+import collections
 import contextlib
 import functools
 import importlib.util
@@ -724,32 +731,299 @@ def bench_update_levers(device="cuda", sequences=16, repeats=1):
         return {"skipped": "GPU only (--device cuda): the levers are the one-GPU update's at the 1.5B shape"}
     if not torch.cuda.is_available():
         return {"skipped": "--device cuda but no CUDA GPU"}
-    out = {}
+    from torch._dynamo.utils import counters
+    out, stack = {}, software()
     for name, lever in UPDATE_LEVERS:
         start = time.perf_counter()
+        counters.clear()  # graphs and graph breaks counted per lever
         try:
             with family_restored():
                 out[name] = bench_update_throughput(device, sequences=sequences, repeats=repeats, layouts=("packed",),
                                                     draws=("long_tailed",), **lever)
+            if lever.get("compiled"):
+                out[name]["compiled"] = compile_counts()
         except Exception as e:  # out of memory, a compile error: named, and the next lever runs
             out[name] = {"failed": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"}
         torch.compiler.reset()  # a compiled lever's graphs and guards do not carry into the next
         gc.collect()
         torch.cuda.empty_cache()
-        print(f"update_levers: {name}: {lever_line(out[name])} ({time.perf_counter() - start:.0f} s)", flush=True)
+        out[name]["software"] = stack
+        print(f"update_levers: {name}: {lever_line(out[name])} ({time.perf_counter() - start:.0f} s; {stack})",
+              flush=True)
     return out
 
 
 def lever_line(result: dict) -> str:
-    """One lever's result in a line: tokens/s, MFU of the peak under both conventions, peak memory, the kernels."""
+    """One lever's result in a line: tokens/s, MFU of the peak under both conventions, peak memory, the kernels, and
+    for compiled layers the graphs and graph breaks torch.compile made (compile_counts)."""
     if "long_tailed_packed_tokens_per_s" not in result:
         return result.get("failed") or result.get("skipped", "no result")
-    k = result["kernels"]
+    k, compiled = result["kernels"], result.get("compiled")
+    graphs = (f"layers compiled {k['compiled_layers']}: {compiled['graphs']} graphs, {compiled['graph_breaks']} graph "
+              f"breaks" if compiled else "not compiled")
     return (f"{result['long_tailed_packed_tokens_per_s']:,.0f} tok/s, MFU of peak "
             f"{100 * (result.get('long_tailed_packed_mfu_of_peak') or 0):.1f}% causal-halved / "
             f"{100 * (result.get('long_tailed_packed_mfu_of_peak_full_square') or 0):.1f}% full-square, peak "
             f"{result['long_tailed_packed_peak_gib']:.1f} GiB; {k['checkpointing']}; rope {k['rope']}; "
-            f"compiled {k['compiled_layers']}; liger {result['liger']}")
+            f"{graphs}; liger {result['liger']}")
+
+
+def software() -> str:
+    """The software and device beside every number the GPU rows print: Python, torch, transformers, triton,
+    liger-kernel (each "none" where it is missing) and the device."""
+    import importlib.metadata as metadata
+
+    def version(name):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "none"
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU {cpu_model()}"
+    return (f"Python {platform.python_version()}, torch {torch.__version__}, transformers {version('transformers')}, "
+            f"triton {version('triton')}, liger-kernel {version('liger-kernel')}; {device}")
+
+
+def compile_counts() -> dict:
+    """What torch.compile made since torch._dynamo's counters were last cleared: graphs (each a region of a compiled
+    forward that runs as one compiled graph) and graph breaks (the places a forward leaves compiled code for eager
+    Python and comes back: attention here, left out on purpose, and whatever Liger's kernels or the checkpointing
+    wrapper make dynamo stop at), with the most frequent reasons. A layer count says how many forwards were wrapped,
+    not how much of them runs compiled."""
+    from torch._dynamo.utils import counters
+    breaks = counters["graph_break"]
+    return {"graphs": int(counters["stats"]["unique_graphs"]), "graph_breaks": int(sum(breaks.values())),
+            "graph_break_reasons": {reason[:160]: int(n) for reason, n in breaks.most_common(3)}}
+
+
+# --- host syncs of the update, counted ------------------------------------------------------------------------------
+# A host sync is the host waiting for the device: a value read back (item, bool, tolist, a boolean mask's nonzero, a
+# copy to the host) or a blocking copy from pageable host memory to the device (the stream runs dry first). On CUDA
+# they are counted by CUDA's own sync-debug mode (torch.cuda.set_sync_debug_mode("warn"): one warning per sync, those
+# raised in the backward's threads included, which autograd hands back to the calling thread). A CPU has no device to
+# wait for; there the ops that would read a device back are counted at the dispatcher (SYNCING_OPS, boolean-mask
+# indexing) with Tensor.tolist, which does not pass the dispatcher: a lower bound of CUDA's count, as it cannot see the
+# copies a device would need (tensors built on the host and moved, reads of values that a CPU already holds). The
+# optimizer's step is left out of the CPU count: AdamW keeps its step counters on the host, on a GPU too.
+SYNCING_OPS = ("_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal", "_unique2", "unique_dim",
+               "unique_consecutive")
+_UNCOUNTED = []  # non-empty while the CPU count is paused (the optimizer's step)
+
+
+@contextlib.contextmanager
+def counting_host_syncs(device):
+    """Within the block, the host syncs on `device` counted (the comment above); yields a Counter by kind ("cuda":
+    the sync-debug mode's warnings; on a CPU the op names), filled when the block ends."""
+    import warnings
+    counts = collections.Counter()
+    if torch.device(device).type == "cuda":
+        previous = torch.cuda.get_sync_debug_mode()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield counts
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
+        counts["cuda"] += sum("synchronizing CUDA operation" in str(w.message) for w in caught)
+        return
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountReads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            masked = name in ("index", "index_put", "index_put_") and any(
+                isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in (args[1] or ()))
+            if (name in SYNCING_OPS or masked) and not _UNCOUNTED:
+                counts[f"{name} (boolean mask)" if masked else name] += 1
+            return func(*args, **(kwargs or {}))
+
+    tolist = torch.Tensor.tolist
+
+    def counted_tolist(self):
+        counts["tolist"] += not _UNCOUNTED
+        return tolist(self)
+    torch.Tensor.tolist = counted_tolist
+    try:
+        with CountReads():
+            yield counts
+    finally:
+        torch.Tensor.tolist = tolist
+
+
+# a small Qwen2 for counting: what is counted does not depend on the width (the kernels do, so on CUDA the model runs
+# the preset's path: FSDP2's bf16, Liger's kernels, full checkpointing)
+SYNC_SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=False, max_position_embeddings=1024)
+
+
+def bench_host_syncs(device="cpu", config=None) -> dict:
+    """The host syncs of train.py's update stage, counted (counting_host_syncs), split by where they recur: per
+    micro-batch (its forward, loss and backward in optimizer_step), per optimizer step (beyond its micro-batches: the
+    sums read, the clip and finite checks), per update stage (update_policy's closing reduction), the old log-probs'
+    forward per micro-batch (old_logprobs), and make_mini_batches per micro-batch (on CUDA the rows' copies to the
+    device). Found from stages of 1 or 2 mini-batches of 1 or 2 micro-batches (2 sequences each, 8 in all: total =
+    mini-batches x (micro-batches x a + b) + c), after a warm-up stage (first calls compile kernels and sync once).
+    Packed rows and padded micro-batches, CE-GPPO (its clip-region evidence), the region split off (the GPU presets'
+    bf16 leaves it off). CUDA: the preset's path (FSDP2 bf16, Liger, full checkpointing) on SYNC_SHAPE; CPU: fp32."""
+    import train
+    from cegppo_utils import flags, models
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        return {"skipped": "--device cuda but no CUDA GPU"}
+    config = config or SYNC_SHAPE
+    model = update_model(config, device, weights="bf16" if cuda else "fp32", liger=cuda, checkpointing=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    if not cuda:  # AdamW's step counters live on the host, on a GPU too: their reads are no device sync
+        optimizer.register_step_pre_hook(lambda *a: _UNCOUNTED.append(True))
+        optimizer.register_step_post_hook(lambda *a: _UNCOUNTED.pop())
+    seqs = random_sequences(config, [(24, 40)] * 8)  # 64 tokens each: two to a packed row of 128, or a padded pair
+    out = {"device": torch.cuda.get_device_name() if cuda else cpu_model(), "software": software(),
+           "counted_by": "CUDA's sync-debug mode" if cuda else "the dispatcher and Tensor.tolist (a lower bound)",
+           "kernels": models.kernels_in_use(model), "algo": "ce_gppo", "region_grad_norms": "off"}
+    for layout, tokens in (("packed", 128), ("padded", 0)):
+        args = flags.resolve("r1-distill-1.5b", {"micro_batch_size": 2, "micro_batch_tokens": tokens,
+                                                 "precision": "bf16" if cuda else "fp32", "region_grad_norms": "off"})
+        policy = train.make_policy(args, model, optimizer, pad_id=0, device=device, fused=True)
+
+        def stage(minis_count, micros):
+            """{part: Counter} of one update stage of minis_count mini-batches of `micros` micro-batches."""
+            seq_lists = [seqs[2 * micros * k:2 * micros * (k + 1)] for k in range(minis_count)]
+            found = {}
+            with counting_host_syncs(device) as found["make"]:
+                minis = train.make_mini_batches(policy, seq_lists, args.loss)
+            with counting_host_syncs(device) as found["old"]:
+                train.old_logprobs(policy, minis)
+            with counting_host_syncs(device) as found["update"]:
+                train.update_policy(policy, minis, args.loss)
+            return found
+        stage(2, 2)  # warm-up
+        runs = {(m, k): stage(m, k) for m, k in ((1, 1), (1, 2), (2, 1), (2, 2))}
+        total = {key: {part: sum(c.values()) for part, c in run.items()} for key, run in runs.items()}
+        per_micro = total[1, 2]["update"] - total[1, 1]["update"]
+        per_step = total[2, 1]["update"] - total[1, 1]["update"] - per_micro
+        per_stage = total[1, 1]["update"] - per_micro - per_step
+        out[layout] = {"per_micro_batch": per_micro, "per_optimizer_step": per_step, "per_update_stage": per_stage,
+                       "two_by_two_as_predicted": total[2, 2]["update"] == 2 * (2 * per_micro + per_step) + per_stage,
+                       "old_logprobs_per_micro_batch": total[2, 2]["old"] - total[2, 1]["old"],
+                       "make_mini_batches_per_micro_batch": total[1, 2]["make"] - total[1, 1]["make"],
+                       "update_1x2_by_kind": dict(runs[1, 2]["update"])}
+        print(f"host_syncs: {host_syncs_line(out, layout)}; {out['software']}", flush=True)
+    return out
+
+
+def host_syncs_line(result: dict, layout: str) -> str:
+    """One layout's counts in a line."""
+    r = result[layout]
+    return (f"{layout}: {r['per_micro_batch']} per micro-batch + {r['per_optimizer_step']} per optimizer step + "
+            f"{r['per_update_stage']} per update stage; old log-probs {r['old_logprobs_per_micro_batch']} and "
+            f"make_mini_batches {r['make_mini_batches_per_micro_batch']} per micro-batch ({result['counted_by']})")
+
+
+# --- what checkpointing keeps, and the rotary's copies, at the 1.5B shape ---------------------------------------------
+
+def checkpoint_kept_bytes(config, tokens, mode, bytes_per_value=2) -> int:
+    """What a forward keeps for the backward in the decoder layers, reckoned: full checkpointing keeps each layer's
+    input (hidden values per token); the selective policy (models.selective_policy) keeps every matrix product's output
+    and attention's: q, k, v, the attention output, o, gate, up and down per token, and attention's log-sum-exp (fp32,
+    one per head and token)."""
+    d, layers, ff = config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]
+    kv = d * config["num_key_value_heads"] // config["num_attention_heads"]
+    if mode == "full":
+        return d * bytes_per_value * tokens * layers
+    per_token = (d + 2 * kv + d + d + 2 * ff + d) * bytes_per_value + 4 * config["num_attention_heads"]
+    return per_token * tokens * layers
+
+
+def rotary_copy_bytes(config, tokens, bytes_per_value=2) -> int:
+    """One layer's q and k of `tokens` tokens: what the selective policy's rotary copies hold at a time."""
+    d = config["hidden_size"]
+    kv = d * config["num_key_value_heads"] // config["num_attention_heads"]
+    return (d + kv) * tokens * bytes_per_value
+
+
+def bench_checkpoint_memory(device="cuda", tokens=20480, config=None) -> dict:
+    """At the 1.5B shape, one packed row of `tokens` tokens (one sequence: the preset's 4,096-token prompt and 16,384
+    response): the memory a training forward leaves allocated for its backward (allocated after it, the graph alive,
+    minus before) under full and under selective checkpointing (the preset's path otherwise: FSDP2 bf16, Liger, fused
+    log-probs), each beside checkpoint_kept_bytes' reckoning of the decoder layers' share, and their difference, in
+    which what lies outside the layers cancels (the root's gathered bf16 embedding and head, which FSDP2 keeps from
+    forward to backward, ~0.9 GiB at this shape; the fused head's saved hidden states); and the selective policy's
+    rotary copies of q and k (rotary_copies). A CPU gives the reckoning only. Each row is printed as it ends."""
+    config = config or R1_DISTILL_1P5B
+    stack, gib = software(), 2**30
+    out = {"software": stack, "row_tokens": tokens}
+    for mode in ("full", "selective"):
+        out[f"reckoned_{mode}_gib"] = checkpoint_kept_bytes(config, tokens, mode) / gib
+    out["reckoned_rotary_copies_mib"] = rotary_copy_bytes(config, tokens) / 2**20
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        out["skipped"] = "the measurement needs a CUDA GPU (the reckoning above is all a CPU gives)"
+        return out
+    for mode in ("full", "selective"):
+        out[f"measured_{mode}_gib"], out[f"{mode}_kernels"] = _kept_by_a_forward(config, device, mode, tokens)
+        print(f"checkpoint_memory: {mode} checkpointing: a training forward of a {tokens:,}-token row at the 1.5B "
+              f"shape leaves {out[f'measured_{mode}_gib']:.2f} GiB allocated (the decoder layers' share reckoned "
+              f"{out[f'reckoned_{mode}_gib']:.2f}; {out[f'{mode}_kernels']['checkpointing']}); {stack}", flush=True)
+    out["measured_selective_minus_full_gib"] = out["measured_selective_gib"] - out["measured_full_gib"]
+    print(f"checkpoint_memory: selective keeps {out['measured_selective_minus_full_gib']:.2f} GiB more than full "
+          f"(reckoned {out['reckoned_selective_gib'] - out['reckoned_full_gib']:.2f}); {stack}", flush=True)
+    out.update(rotary_copies(config, device, tokens))
+    print(f"checkpoint_memory: the rotary's q and k copies (selective): {out['rotary_copies_transient_mib']:.0f} MiB "
+          f"at a time (reckoned {out['reckoned_rotary_copies_mib']:.0f}), {out['rotary_copies_ms_per_row']:.2f} ms "
+          f"per row ({2 * config['num_hidden_layers']} copies of q and of k); {stack}", flush=True)
+    return out
+
+
+def _kept_by_a_forward(config, device, mode, tokens) -> tuple[float, dict]:
+    """GiB left allocated by one training forward of a `tokens`-token packed row (the graph alive), and the kernels
+    the model ran; a warm-up forward and backward first (kernels compiled, FSDP2's buffers made)."""
+    import gc
+
+    import train
+    from cegppo_utils import flags, models
+    prompt = min(4096, tokens // 5)
+    seqs = random_sequences(config, [(prompt, tokens - prompt)])
+    with family_restored():
+        model = update_model(config, device, weights="bf16", liger=True, checkpointing=mode)
+        args = flags.resolve("r1-distill-1.5b", {"micro_batch_tokens": tokens, "precision": "bf16"})
+        policy = train.make_policy(args, model, torch.optim.AdamW(model.parameters(), lr=1e-6), pad_id=0,
+                                   device=device, fused=True)
+        mb = train.make_mini_batches(policy, [seqs], args.loss)[0].micro[0]
+        train.response_logprobs(policy, mb, grad=True)[0].sum().backward()
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        logp = train.response_logprobs(policy, mb, grad=True)[0]
+        torch.cuda.synchronize()
+        kept, kernels = (torch.cuda.memory_allocated() - before) / 2**30, models.kernels_in_use(model)
+        del logp, mb, policy, model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return kept, kernels
+
+
+def rotary_copies(config, device, tokens) -> dict:
+    """The selective policy's rotary copies at this shape: a copy of one layer's q and of its k per layer, in the
+    forward and again in the recomputation, timed with CUDA events (ms per row), and the memory they hold at a time
+    (the peak allocated above what was there, MiB)."""
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config["hidden_size"] // heads
+    q = torch.randn(1, heads, tokens, head_dim, device=device, dtype=torch.bfloat16)
+    k = torch.randn(1, kv_heads, tokens, head_dim, device=device, dtype=torch.bfloat16)
+    for _ in range(3):  # warm-up
+        q.clone(), k.clone()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(2 * config["num_hidden_layers"]):
+        q.clone(), k.clone()
+    end.record()
+    torch.cuda.synchronize()
+    return {"rotary_copies_ms_per_row": start.elapsed_time(end),
+            "rotary_copies_transient_mib": (torch.cuda.max_memory_allocated() - before) / 2**20}
 
 
 # --- reward -----------------------------------------------------------------------------------
@@ -1126,7 +1400,8 @@ def bench_step_long(tokens=256, **shape):
 
 SECTIONS = {"loss": bench_loss, "logprobs": bench_logprobs, "reward": bench_reward, "rollout": bench_rollout,
             "step": bench_step, "step_long": bench_step_long, "update_memory": bench_update_memory,
-            "update_throughput": bench_update_throughput, "update_levers": bench_update_levers}
+            "update_throughput": bench_update_throughput, "update_levers": bench_update_levers,
+            "host_syncs": bench_host_syncs, "checkpoint_memory": bench_checkpoint_memory}
 
 
 def cpu_model():
@@ -1154,8 +1429,8 @@ def make_parser():
     parser.add_argument("--step-max-tokens", type=int, default=48, help="step: max response tokens")
     parser.add_argument("--step-micro-batch", type=int, default=32, help="step: sequences per forward/backward")
     parser.add_argument("--step-long-tokens", type=int, default=256, help="step_long: every response this long")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                        help="logprobs, update_throughput, update_levers: where they run")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="logprobs, update_throughput, "
+                        "update_levers, host_syncs, checkpoint_memory: where they run")
     parser.add_argument("--logprobs-tokens", type=int, default=4096, help="logprobs: response tokens through the head")
     parser.add_argument("--update-response-tokens", type=int, default=16384, help="update_memory: tokens per response")
     parser.add_argument("--update-sequences", type=int, default=16,
@@ -1187,7 +1462,8 @@ def argument_checks(parser, args) -> list[str]:
         if value < low:
             parser.error(f"{flag} {value}: must be >= {low}")
     names = cli.choices(parser, args.only, SECTIONS, "--only", "section")
-    reads_device = [n for n in names if n in ("logprobs", "update_throughput", "update_levers")]
+    reads_device = [n for n in names if n in ("logprobs", "update_throughput", "update_levers", "host_syncs",
+                                              "checkpoint_memory")]
     if args.device == "cuda" and reads_device and not torch.cuda.is_available():
         parser.error(f"--device cuda: no CUDA device here (torch {torch.__version__}); {', '.join(reads_device)} "
                      "would run on it: run them with --device cpu, or on a GPU")
@@ -1217,7 +1493,8 @@ def section_arguments(args) -> dict:
             "logprobs": dict(device=args.device, tokens=args.logprobs_tokens),
             "update_memory": dict(response_tokens=args.update_response_tokens),
             "update_throughput": dict(update, budget=args.update_budget, attn=args.update_attn),
-            "update_levers": update}
+            "update_levers": update, "host_syncs": dict(device=args.device),
+            "checkpoint_memory": dict(device=args.device)}
 
 
 def print_section(name: str, result: dict) -> None:

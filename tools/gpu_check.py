@@ -15,9 +15,11 @@ s, bf16 run 26-32 s, 1.5B update 60-64 s (one mini-batch then, before Liger and 
 it times now has not run on a GPU); the vLLM parts' budgets are twice an estimate that includes a cold engine's
 compile and graph capture, untimed with vLLM.
   tiny model   (75)  the warm-started tiny model the next three parts use, built into .cache/ if it is not there
-  cuda tests  (100)  tests/test_cuda.py: the fused log-probs against full logits, the varlen attention kernels against
-                     sdpa, Liger's kernels against a model that never saw them, selective checkpointing's gradients
-                     under Liger's in-place RoPE, a bf16 run with rollout correction
+  cuda tests  (100)  tests/test_cuda.py's fast tier: the fused log-probs against full logits, the varlen attention
+                     kernels against sdpa, Liger's kernels against a model that never saw them (its RoPE, pinned to
+                     Triton, at the preset's shape too), selective checkpointing's gradients under Liger's in-place RoPE
+                     and under FSDP2, the region split leaving the update alone under Liger, a bf16 run with rollout
+                     correction
   bf16 run     (90)  3 steps of `train.py --preset tiny --precision bf16`: exit code, and the sampler/trainer log-prob
                      gap after each sync against the stale-sampler check's bf16 tolerance (rollout.SYNC_TOLERANCE)
   vllm cycles (240)  3 sleep / wake / sync cycles of a colocated engine (sleep level 2, as train.py runs it) on the tiny
@@ -514,6 +516,68 @@ def print_bf16_gap_estimate(vocab=151936, tops=(10.0, 20.0, 30.0, 40.0)):
         e = bf16_gap_estimate(vocab, top=top)
         print(f"{top:9.0f}  {e['entropy']:7.2f}  {e['one_side_mean']:9.4f} / {e['one_side_max']:.4f}  "
               f"{e['two_sides_mean']:10.4f} / {e['two_sides_max']:.4f}")
+
+
+# --- the acceptance call's header (tools/gpu_accept.sh) -----------------------------------------------------------
+
+def pinned_versions(path=os.path.join(ROOT, "requirements-gpu.txt")) -> dict:
+    """{package: version} of requirements-gpu.txt's `name==version` lines: the stack the GPU path is pinned to."""
+    pins = {}
+    with open(path) as f:
+        for line in f:
+            found = re.match(r"\s*([A-Za-z0-9_.-]+)==([^\s#;]+)", line)
+            if found:
+                pins[found.group(1).lower()] = found.group(2)
+    return pins
+
+
+def installed(name) -> str | None:
+    import importlib.metadata
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def not_validated_here(pins: dict | None = None) -> list[str]:
+    """What a pass of tools/gpu_accept.sh on this machine's software does not show for requirements-gpu.txt's, each in
+    a line: another torch's selective-checkpointing replay, Liger's CuTe DSL RoPE (the project pins Triton's), native
+    grouped-query attention in PyTorch's varlen kernel, another transformers or liger-kernel, vLLM's parts."""
+    import importlib.util
+    import inspect
+
+    from cegppo_utils import attention, models
+    pins = pins or pinned_versions()
+    lines = []
+    if torch.__version__.split("+")[0] != pins.get("torch"):
+        lines.append(f"selective checkpointing under torch {pins.get('torch')} (its replay of the kept outputs): this "
+                     f"is torch {torch.__version__}, so a pass here does not validate it")
+    varlen = attention.torch_varlen()
+    if varlen is None or "enable_gqa" not in inspect.signature(varlen).parameters:
+        lines.append(f"native grouped-query attention in varlen_attn: torch {torch.__version__}'s "
+                     f"{'has no varlen_attn' if varlen is None else 'takes no enable_gqa'} (k and v are repeated per "
+                     "query head here), so its lever and MFU numbers are not the pinned stack's")
+    variable, value = models.LIGER_ROPE_IMPL
+    lines.append(f"Liger's CuTe DSL RoPE: not run (the project pins {variable}={value}); the cutlass package "
+                 f"{'is' if importlib.util.find_spec('cutlass') else 'is not'} installed here")
+    for name in ("transformers", "liger-kernel"):
+        if installed(name) != pins.get(name):
+            lines.append(f"{name} {pins.get(name)}: this is {installed(name) or 'not installed'}")
+    if importlib.util.find_spec("vllm") is None:
+        lines.append("vLLM (tools.gpu_check's vllm cycles and preset path, train.py's vLLM sampler): not here")
+    return lines
+
+
+def print_acceptance_header():
+    """The software and device (tools/bench.py's software()), requirements-gpu.txt's pins, and what a pass here does
+    not validate (not_validated_here)."""
+    from tools import bench
+    pins = pinned_versions()
+    print(f"software: {bench.software()}")
+    print("requirements-gpu.txt pins: " + ", ".join(f"{n} {pins[n]}" for n in ("torch", "transformers",
+                                                                              "liger-kernel", "vllm") if n in pins))
+    for line in not_validated_here(pins):
+        print(f"not validated here: {line}")
 
 
 # --- the command line --------------------------------------------------------------------------------------------

@@ -485,3 +485,21 @@ def test_a_folder_at_a_reports_file_name_is_refused_before_any_run(tmp_path, mon
     assert refused(argv, monkeypatch, capsys) == (f"study.py: error: --figures {tmp_path}/fig: {name} in it is a "
                                                   "folder; move it aside")
     assert os.listdir(tmp_path / "fig") == [name]
+
+
+def test_a_study_is_stored_at_float32s_digits_and_storing_it_again_changes_nothing():
+    """compact keeps 9 significant digits, which give back every float32 exactly (the runs' metrics are float32),
+    and 4 of the wall-clock readings; the committed studies are already stored so (compact(study) == study)."""
+    import numpy as np
+
+    from tools import study_json
+    rng = np.random.default_rng(0)
+    values = (rng.standard_normal(1000) * 10.0 ** rng.integers(-6, 4, 1000)).astype(np.float32)
+    for value in values:
+        assert np.float32(study_json.compact(float(value))) == value
+    record = {"final_acc": 0.1234567891234, "steps": [{"time_update_s": 12.345678, "kl": 1e-12 / 3, "eos": None}]}
+    assert study_json.compact(record) == {"final_acc": 0.123456789,
+                                          "steps": [{"time_update_s": 12.35, "kl": 3.33333333e-13, "eos": None}]}
+    assert study_json.compact(float("nan")) != study_json.compact(float("nan"))  # NaN kept as NaN
+    committed = study_json.load_study(os.path.join(ROOT, "docs", "figures", "study-merge-active.json.gz"))
+    assert study_json.compact(committed) == committed

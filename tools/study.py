@@ -286,7 +286,7 @@ def collect(path: str, root: str, names, seeds, log=print, warm_start: str | Non
             if not os.path.isdir(out):
                 continue
             why = refusal(out)
-            record = None if why else run_record(out)
+            record = None if why else study_json.compact(run_record(out))  # as stored: unchanged runs stay unwritten
             old = study.get(name, {}).get(str(seed))
             if record and old and record["steps_done"] < old.get("steps_done", 0):
                 why = f"it has {record['steps_done']} steps, the study's record {old['steps_done']}"
@@ -298,7 +298,8 @@ def collect(path: str, root: str, names, seeds, log=print, warm_start: str | Non
                 changed = True
     if changed:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        runfolder.write_text_atomically(path, json.dumps(study))  # never through a link planted at a fixed name
+        # never through a link planted at a fixed name; floats at float32's digits (study_json.compact)
+        runfolder.write_text_atomically(path, json.dumps(study_json.compact(study)))
     return study
 
 

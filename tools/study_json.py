@@ -7,6 +7,7 @@ ending in .gz is read unpacked (cli.read_json) and written packed (runfolder.wri
 plain JSON. A study's runs may write the plain name until its JSON is packed and committed; `stored` finds either.
 """
 
+import math
 import os
 import textwrap
 
@@ -36,6 +37,24 @@ def stored(path: str) -> str:
     if os.path.lexists(path) or not os.path.lexists(twin(path)):
         return path
     return twin(path)
+
+
+# How many significant digits a study's JSON keeps of a number (compact): 9, the digits that give back any float32
+# exactly (the runs compute their metrics in float32); the wall-clock readings, which no page tests, keep 4.
+DIGITS, CLOCK_DIGITS = 9, 4
+CLOCK_KEYS = ("time_rollout_s", "time_reward_s", "time_update_s", "tokens_per_s", "seconds")
+
+
+def compact(value, key: str | None = None):
+    """A study's JSON with every float rounded to DIGITS significant digits (CLOCK_DIGITS for CLOCK_KEYS), so the
+    stored study stays small (about a third less packed) without a digit any page prints or any test reads moving."""
+    if isinstance(value, float):
+        return float(f"{value:.{CLOCK_DIGITS if key in CLOCK_KEYS else DIGITS}g}") if math.isfinite(value) else value
+    if isinstance(value, dict):
+        return {k: compact(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [compact(v, key) for v in value]
+    return value
 
 
 def para(text: str) -> str:

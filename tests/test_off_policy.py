@@ -233,3 +233,30 @@ def test_what_cannot_run_one_step_off_policy_is_one_line_before_torch_loads(tmp_
         {"preset": "tiny", "flags": flags.flat_flags(flags.resolve("tiny", {"output_dir": str(synchronous)}))}))
     said = parse_error(["--resume", str(synchronous), "--off-policy-steps", "1"], capsys)
     assert "--off-policy-steps 1 (the run's: 0); a run resumes with its own settings" in said
+
+
+def test_the_stale_comparison_shows_each_arm_and_the_paired_differences(tmp_path, capsys):
+    """tools/study_stale.py from a study's JSON alone: the four arms of configs.STALE_ARMS, collapses by the third
+    study's rule, and stale minus synchronous per seed; unfinished runs left out."""
+    from tools import configs, study_stale
+
+    def run(acc, entropy, low_neg, final, gap=None, steps=20):
+        rows = [{"step": s, "acc_mean": acc, "entropy": entropy, "clip_frac_low_neg": low_neg,
+                 "clip_frac_high_pos": 0.001, **({"rollout_kl_k3": gap} if gap else {})} for s in range(1, steps + 1)]
+        rows[-1]["eval_acc"] = final  # the last step's held-out avg@8, logged in its row
+        return {"steps_done": steps, "steps": rows}
+    sync_tm, stale_tm, sync_ce, stale_ce = configs.STALE_ARMS
+    study = {sync_tm: {"30": run(0.5, 0.20, 0.004, 0.60), "31": run(0.4, 0.21, 0.006, 0.50)},
+             stale_tm: {"30": run(0.5, 0.19, 0.005, 0.55, 1e-3), "31": run(0.02, 0.10, 0.002, 0.05, 2e-3)},
+             sync_ce: {"30": run(0.5, 0.22, 0.004, 0.62)},
+             stale_ce: {"30": run(0.5, 0.20, 0.004, 0.64, 1e-3), "31": run(0.5, 0.2, 0.004, 0.6, 1e-3, steps=5)}}
+    path = tmp_path / "stale.json"
+    path.write_text(json.dumps(study))
+    study_stale.main(["--json", str(path), "--out", str(tmp_path / "stale.md"), "--steps", "20"])
+    text = (tmp_path / "stale.md").read_text()
+    assert text == capsys.readouterr().out
+    assert f"| `{stale_tm}` | 2 | 1 | 30.0 | 26.0 | 0.35 | 0.10 | 0.145 | 1.50e-03 |" in text  # seed 31 collapsed
+    assert f"| `{sync_tm}` | 2 | 0 | 55.0 | 45.0 | 0.50 | 0.10 | 0.205 | n/a |" in text
+    assert f"| `{stale_ce}` | 1 | 0 | 64.0 |" in text  # its seed 31 stopped at step 5
+    assert "| token-mean PPO-clip | final avg@8 (%) | 30: -5.0, 31: -45.0 | -25.0 |" in text
+    assert "| CE-GPPO (0.5, 1) | entropy (nats) | 30: -0.020 | -0.020 |" in text

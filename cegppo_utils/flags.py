@@ -94,9 +94,9 @@ class Args:
     min_response_len: int = L.option(0, AT_LEAST_0)  # no EOS before this many tokens (benchmarks:
                                                      # equal lengths on every side); 0 = off
     sampler: str = L.option("auto", L.Rule(choices=("auto", "vllm", "hf")))  # which engine samples
-    off_policy_steps: int = L.option(  # 1: step k+1's batch is sampled during step k's update, from the weights
-        0, L.Rule(0, 1, integer=True, says="0 (synchronous) or 1"))  # before it (old log-probs recomputed;
-                                                                     # docs/training.md); 0: synchronous
+    off_policy_steps: int = L.option(0, L.Rule(0, 1, integer=True, says="0 (synchronous) or 1"))  # 1: step k+1's
+                                    # batch is sampled during step k's update, from the weights before it (old
+                                    # log-probs recomputed; docs/training.md); 0: synchronous
     sampler_process: bool = True  # with --off-policy-steps 1: the sampler in a process of its own (half the cores, or
                                   # a second GPU) while the trainer updates; --no-sampler-process samples ahead in this
                                   # process instead (the same numbers, no overlap)

@@ -254,7 +254,7 @@ def serve(argv):
     conn = Connection(pipe_fd)
     try:
         setup = conn.recv()
-    except EOFError:
+    except (EOFError, OSError):
         return
     try:
         sampler, model, torch, rollout = _start(setup, buffer_fd)
@@ -267,7 +267,7 @@ def serve(argv):
     while True:
         try:
             request, kind, payload = conn.recv()
-        except EOFError:  # the trainer is gone
+        except (EOFError, OSError):  # the trainer is gone (its end closed, or reset by its death)
             break
         if kind == "stop":
             break

@@ -24,12 +24,16 @@ CLOCKS = ("time_rollout_s", "time_reward_s", "time_update_s", "time_sampler_s", 
 
 def train(output_dir, *extra, env=None, expect=0):
     """train.py on OFF's flags in a session of its own (a Ctrl-C reaches it and its children only): the finished
-    process (its pid is the session's id, to look for anything it left running)."""
-    process = subprocess.Popen([sys.executable, "train.py", *OFF, "--output-dir", str(output_dir), *extra], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, **(env or {})}, start_new_session=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    process.stdout_text, process.stderr_text = process.communicate(timeout=900)
+    process (its pid is the session's id, to look for anything it left running). Its output goes to files, not pipes:
+    a process it left running would hold a pipe open, and reading it would wait for that process too."""
+    with open(f"{output_dir}.out", "w+") as out, open(f"{output_dir}.err", "w+") as err:
+        process = subprocess.Popen([sys.executable, "train.py", *OFF, "--output-dir", str(output_dir), *extra],
+                                   cwd=ROOT, stdout=out, stderr=err, env={**os.environ, **(env or {})},
+                                   start_new_session=True,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        process.wait(timeout=900)
+        out.seek(0), err.seek(0)
+        process.stdout_text, process.stderr_text = out.read(), err.read()
     assert process.returncode == expect, (process.returncode, process.stderr_text[-3000:])
     return process
 

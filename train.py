@@ -15,6 +15,8 @@ One step, as in the official scripts (each a call in main):
   6. mini-batches of `mini_batch_prompts` prompts: accumulate micro-batches with the mini-batch's exact token
      count -> grad clip -> AdamW step; `ppo_epochs` passes over them                   loss.policy_loss
   7. LR schedule step; log, evaluate, checkpoint; the new weights sync into the sampler at the next rollout
+With --off-policy-steps 1, step k+1's batch is sampled during step k's update, from the weights before it, by a
+sampler process of its own (cegppo_utils/sampler_process.py; docs/training.md, "One step off-policy").
 
 A preset gives the run's settings and names the algorithm its official script runs; the algorithm brings its
 own defaults (loss.ALGORITHMS: clip range, aggregation, ...); flags on the command line override both
@@ -89,8 +91,9 @@ def main(args: Args):
         # the step's objective (--adaptive-entropy: this step's coefficient) decides which responses must run
         cfg = step_loss_config(args.loss, run.loop)
         minis = make_mini_batches(policy, mini_batch_sequences(kept, groups, advantages, correct, args), cfg)
-        # 5. old log-probs from the weights that sampled (the first mini-batch's: its own first forward in stage 6,
-        # where the weights are still those), and the rollout correction's weights
+        # 5. old log-probs from the weights as the step starts, those that sampled (one step off-policy: one update
+        # after them; the first mini-batch's: its own first forward in stage 6, where the weights are still those),
+        # and the rollout correction's weights
         update = old_logprobs(policy, minis, args.rollout_correction, args.rollout_correction_threshold,
                               (args.icepop_low, args.icepop_high), measure=args.off_policy_steps > 0) if kept else {}
         # 6. one optimizer step per mini-batch of kept groups, in ppo_epochs passes over them

@@ -6,7 +6,8 @@ updates on this one.
     ...update the policy meanwhile...
     gap, completions, seconds = sampler.wait(batch)  # the weight sync's check, and the batch, from those weights
 
-The process is `python -m cegppo_utils.sampler_process`: a vLLM engine (rollout.VLLMSampler, as train.py's own) on
+The process is `python rollout.py serve ...` (serve() here, given rollout's make_sampler and check_sync: the helpers
+import nothing from the scripts above them): a vLLM engine (rollout.VLLMSampler, as train.py's own) on
 cores of its own (CPU: the second half of the trainer's, split_cores) or on a GPU of its own (the second visible one),
 serving requests in order over a pipe. The weights travel through shared memory: one buffer (an anonymous memfd
 shared by both processes) holds every parameter of the training model; the trainer writes it only while no request
@@ -14,7 +15,8 @@ is outstanding (write_weights waits for those first), and the sampler reads it o
 the call train.py's own sync makes). The check after each sync is train.py's (rollout.check_sync), made in the sampler's
 process against a copy of the training model whose parameters *are* the buffer, the trainer's weights as they were
 written: every engine tensor compared exactly, and the sampler's log-probs of its own probe tokens against that
-model's. A mismatch ends the run with rollout.SamplerOutOfSync, as in-process.
+model's. A mismatch ends the run as in-process: a FloatingPointError (rollout.SamplerOutOfSync is one) with the
+check's own line.
 
 Nothing is left running: the sampler ignores SIGINT (a terminal's Ctrl-C reaches the whole process group; the trainer
 alone decides), exits on SIGTERM, on its pipe's end (the trainer gone) and on the trainer's death (PR_SET_PDEATHSIG);
@@ -97,13 +99,13 @@ class SamplerProcess:
         self.precision = precision
         self.next_id, self.replies, self.outstanding = 0, {}, []
         self.conn, theirs = Pipe()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+        env = dict(os.environ)
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
         if cores:
             env["OMP_NUM_THREADS"] = str(len(cores))  # read when torch loads there: its threads, one per core
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "cegppo_utils.sampler_process", str(os.getpid()), str(theirs.fileno()),
+            [sys.executable, os.path.join(ROOT, "rollout.py"), "serve", str(os.getpid()), str(theirs.fileno()),
              str(self.fd), ",".join(map(str, cores))],
             env=env, pass_fds=(theirs.fileno(), self.fd), cwd=ROOT)
         theirs.close()
@@ -144,9 +146,8 @@ class SamplerProcess:
         if kind == "ok":
             return value
         name, message = value
-        if name == "SamplerOutOfSync":
-            import rollout
-            raise rollout.SamplerOutOfSync(message)
+        if name == "SamplerOutOfSync":  # train.run ends a FloatingPointError in one line, as the in-process check's
+            raise FloatingPointError(message)
         raise SamplerError(f"the sampler process failed: {name}: {message}")
 
     def write_weights(self, named_tensors):
@@ -246,13 +247,13 @@ def _terminated(signum, frame):
     os._exit(0)
 
 
-def serve(argv):
-    """The sampler process: `python -m cegppo_utils.sampler_process PARENT_PID PIPE_FD BUFFER_FD CORES`."""
+def serve(argv, make_sampler, check_sync):
+    """The sampler process (argv: PARENT_PID PIPE_FD BUFFER_FD CORES), with rollout's make_sampler and check_sync."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle: it stops this process
     signal.signal(signal.SIGTERM, _terminated)
     parent, pipe_fd, buffer_fd, cores = int(argv[0]), int(argv[1]), int(argv[2]), argv[3]
     _die_with_parent(parent)
-    if cores:  # before torch loads, so that its threads start on these cores
+    if cores:  # before any compute: the threads torch, vLLM and the tokenizer start later run on these cores
         os.sched_setaffinity(0, [int(c) for c in cores.split(",")])
     conn = Connection(pipe_fd)
     try:
@@ -260,7 +261,7 @@ def serve(argv):
     except (EOFError, OSError):
         return
     try:
-        sampler, model, torch, rollout = _start(setup, buffer_fd)
+        sampler, model, torch = _start(setup, buffer_fd, make_sampler)
     except Exception as e:
         import traceback
         traceback.print_exc()
@@ -280,8 +281,7 @@ def serve(argv):
             if kind in ("load", "sample"):
                 sampler.load_weights(model.named_parameters())
             if kind == "sample":  # the check's probe draws come before the seed, as in train.sample_groups
-                gap = rollout.check_sync(sampler, model, payload["prompt_ids"][0], payload["precision"],
-                                         payload["step"])
+                gap = check_sync(sampler, model, payload["prompt_ids"][0], payload["precision"], payload["step"])
             completions = None
             if kind in ("sample", "generate"):
                 if payload["seed"] is not None:
@@ -300,12 +300,11 @@ def serve(argv):
         sampler.close()
 
 
-def _start(setup, buffer_fd):
+def _start(setup, buffer_fd, make_sampler):
     """The engine, and the training model's copy whose parameters are the shared buffer (for check_sync)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import rollout
     from cegppo_utils import attention
 
     memory = mmap.mmap(buffer_fd, setup["size"])
@@ -316,15 +315,11 @@ def _start(setup, buffer_fd):
     for name, p in model.named_parameters():
         p.data = weights[name]  # the check compares the engine with what the trainer wrote, not with a copy of it
     tokenizer = AutoTokenizer.from_pretrained(path)
-    sampler = rollout.make_sampler("vllm", path, tokenizer=tokenizer, **setup["engine"])
-    return sampler, model, torch, rollout
+    sampler = make_sampler("vllm", path, tokenizer=tokenizer, **setup["engine"])
+    return sampler, model, torch
 
 
 def _first_line(e) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 
-
-if __name__ == "__main__":
-    with contextlib.suppress(BrokenPipeError):  # the trainer went away while a reply was on its way
-        serve(sys.argv[1:])

@@ -37,6 +37,13 @@ Notation. For response token t of response i:
   sg(x)                              stop-gradient, x.detach()
   eps_low, eps_high                  the clip range: the interval is [1 - eps_low, 1 + eps_high]
 
+  pi_old is the trainer's own recomputation at the weights the step starts from (train.py, stage 5), never the
+  sampler's log-probs q. Samples one step stale (train.py --off-policy-steps 1) come from the weights before the
+  previous update: pi_old stays the ratio's reference (decoupled PPO's proximal policy, verl's decoupled mode), and the
+  gap pi_old / q is the rollout correction's detached weight on each token's loss (cegppo_utils/correction.py). Every
+  objective here therefore judges its clip, mask or weight on d alone, at any staleness (docs/training.md, "One step
+  off-policy"); prime-rl instead takes q as pi_old, so that there d carries the staleness too.
+
 CE-GPPO (paper Eq. 8): per-token objective l, maximised; the loss here is -l.
 
   | region                      | l                               | d l / d log pi      |
@@ -651,10 +658,11 @@ def m2po_token_loss(t: Tokens, cfg: LossConfig):
       loss = -M_t d A,  M_t in {0, 1}, token-mean over every response token (the paper's 1 / sum_i |o_i|).
     The mask is taken over the tokens of one policy_loss call, as AReaL (its loss function sees one micro-batch).
     Where AReaL differs: it takes M2 between the sampler's and the recomputed old log-probs (its decoupled loss, whose
-    staleness is up to hundreds of updates); here pi_old is the sampling weights' (recomputed by the trainer) and the
-    staleness is within the step (mini-batches, --ppo-epochs), so M2 is taken on d = pi_theta / pi_old, as the paper's
-    r = pi_theta / pi_behav. And AReaL divides each call's sum by the tokens kept; the paper's mean, followed here,
-    divides by all of them (AReaL's is larger by N / N_kept)."""
+    staleness is up to hundreds of updates); here pi_old is the trainer's recomputation at the step's starting weights
+    (the sampling weights, or one update after them under --off-policy-steps 1, whose gap is the rollout correction's)
+    and the staleness M2 sees is within the step (mini-batches, --ppo-epochs), so M2 is taken on d = pi_theta /
+    pi_old, as the paper's r = pi_theta / pi_behav. And AReaL divides each call's sum by the tokens kept; the paper's
+    mean, followed here, divides by all of them (AReaL's is larger by N / N_kept)."""
     ratio = torch.exp(t.log_ratio)
     kept = second_moment_mask(t.log_ratio, t.mask, cfg.m2_threshold)
     valid = t.mask > 0

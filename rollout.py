@@ -15,6 +15,8 @@ Backends
         (the older `...driver_worker.model_runner.model.load_weights` path broke across versions: TRL #3115,
         #3859, vLLM #16607).
   hf    HF `generate` on the training model itself (no sync needed); the fallback where vllm is absent.
+For train.py --off-policy-steps 1 the vLLM engine runs in a process of its own (`python rollout.py serve`, at the
+bottom; cegppo_utils/sampler_process.py starts it and talks to it), the weights through shared memory.
 
 Under torchrun each rank has its own sampler for its own prompts: a vLLM engine with tensor parallel size 1
 (`external_launcher`, reusing the trainer's process group), or HF generate on the FSDP-sharded model with the
@@ -29,6 +31,7 @@ token-id lists used as they are. A prompt that does not fit `max_prompt_len`, or
 
 import logging
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 
@@ -491,3 +494,20 @@ def make_sampler(backend: str, model_path: str, *, model=None, tokenizer=None, *
     if model is None:
         raise ValueError("the hf backend samples from the training model: pass model=")
     return HFSampler(model, tokenizer)
+
+
+# --- a sampler in a process of its own (train.py --off-policy-steps 1: cegppo_utils/sampler_process.py) ----------
+
+def serve(argv):
+    """`python rollout.py serve PARENT_PID PIPE_FD BUFFER_FD CORES`, started by sampler_process.SamplerProcess: this
+    file's engine and sync check, serving the trainer's requests."""
+    import contextlib
+
+    from cegppo_utils import sampler_process
+    with contextlib.suppress(BrokenPipeError):  # the trainer went away while a reply was on its way
+        sampler_process.serve(argv, make_sampler, check_sync)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["serve"]:
+    import rollout  # this file again as the module `rollout`, so that its completions pickle as rollout.Completion
+    rollout.serve(sys.argv[2:])

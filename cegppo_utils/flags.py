@@ -94,6 +94,12 @@ class Args:
     min_response_len: int = L.option(0, AT_LEAST_0)  # no EOS before this many tokens (benchmarks:
                                                      # equal lengths on every side); 0 = off
     sampler: str = L.option("auto", L.Rule(choices=("auto", "vllm", "hf")))  # which engine samples
+    off_policy_steps: int = L.option(0, L.Rule(0, 1, integer=True, says="0 (synchronous) or 1"))  # 1: step k+1's
+                                    # batch is sampled during step k's update, from the weights before it (old
+                                    # log-probs recomputed; docs/training.md); 0: synchronous
+    sampler_process: bool = True  # with --off-policy-steps 1: the sampler in a process of its own (half the cores, or
+                                  # a second GPU) while the trainer updates; --no-sampler-process samples ahead in this
+                                  # process instead (the same numbers, no overlap)
     gpu_memory_utilization: float = L.option(  # share of GPU memory for vLLM (the rest is for training)
         0.5, L.Rule(0, 1, low_open=True, high_open=True))
     # --- optimisation
@@ -328,11 +334,36 @@ def validate(a: Args) -> list[str]:
     if a.compile_layers and a.gradient_checkpointing and a.selective_checkpointing:
         problems.append("--compile-layers cannot run with --selective-checkpointing (compiled layers write into the "
                         "outputs the selective policy keeps); choose one")
+    problems += off_policy_problems(a)
     if (a.eval_every or a.eval_before_train) and not a.eval_data:  # --eval-every 0 turns both off (resolve)
         asked = f"--eval-every {a.eval_every}" if a.eval_every else "--eval-before-train"
         problems.append(f"{asked} needs --eval-data (a benchmark name or file) for --train-data {a.train_data}; "
                         f"or pass {'--eval-every 0' if a.eval_every else '--no-eval-before-train'}")
     return problems
+
+
+def off_policy_problems(a: Args) -> list[str]:
+    """--off-policy-steps 1 where it cannot run, said before torch loads: under torchrun (one trainer process beside
+    one sampler process is what it is built for), and with a sampler process that HF generate (which samples from the
+    training model itself) cannot be, or that has no core of its own. train.py says the rest (no second GPU, no
+    vLLM)."""
+    if not a.off_policy_steps:
+        return []
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        return [f"--off-policy-steps {a.off_policy_steps} runs one trainer beside one sampler; it is not supported "
+                f"under torchrun ({world} ranks here): run it as one process, or with --off-policy-steps 0"]
+    if not a.sampler_process:
+        return []
+    if a.sampler == "hf":
+        return ["--off-policy-steps 1 --sampler hf: HF generate samples from the training model itself, so it cannot "
+                "sample in a process of its own; use --sampler vllm, or add --no-sampler-process to sample one step "
+                "ahead in this process"]
+    if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) < 2:
+        return ["--off-policy-steps 1: the sampler process needs a core of its own, and this process may run on one "
+                "core only; add --no-sampler-process to sample one step ahead in this process (the same numbers, no "
+                "overlap)"]
+    return []
 
 
 # Options read only in a mode: {field: (whether the run is in that mode, the mode as flags)}. The algorithm's own
@@ -354,6 +385,7 @@ MODE_OPTIONS = {
                  "--loss-agg-mode seq-mean-token-sum-norm"),
     "micro_batch_size": (lambda a: not a.micro_batch_tokens, "padded micro-batches (--micro-batch-tokens 0)"),
     "selective_checkpointing": (lambda a: a.gradient_checkpointing, "--gradient-checkpointing"),
+    "sampler_process": (lambda a: a.off_policy_steps > 0, "--off-policy-steps 1"),
     "checkpoint_every": (lambda a: a.gradient_checkpointing, "--gradient-checkpointing"),
     "fsdp_one_process": (lambda a: a.precision == "bf16" and int(os.environ.get("WORLD_SIZE", "1")) == 1,
                          "--precision bf16 in one process (no torchrun)"),

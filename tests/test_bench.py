@@ -54,6 +54,26 @@ def test_step_without_trl_reports_ours_and_survives_a_failure(monkeypatch):
     assert not any(k.startswith(("trl_hf", "speedup")) for k in out)
 
 
+def test_offpolicy_alternates_drops_the_warm_up_and_reports_steps_per_second(monkeypatch):
+    calls = []
+
+    def steps(workdir, name, extra, steps, model):  # step 1's interval is warm-up; then 2 s synchronous, 1.25 s stale
+        calls.append((name, extra, steps))
+        s = 2.0 if name == "synchronous" else 1.25
+        return [{"s": 30.0, "wait_s": 9.0, "update_s": 1.0, "sampler_s": 9.0, "staleness": 1}] + \
+            [{"s": s, "wait_s": 0.01, "update_s": 1.0, "sampler_s": 1.1, "staleness": 1} for _ in range(steps - 2)]
+    monkeypatch.setattr(bench, "preset_steps", steps)
+    monkeypatch.setattr(bench.os, "sched_getaffinity", lambda pid: {0, 1})
+    out = bench.bench_offpolicy(steps=5, repeats=2)
+    assert calls == [("synchronous", [], 5), ("off_policy", ["--off-policy-steps", "1"], 5)] * 2
+    assert out["synchronous_s_median"] == 2.0 and out["off_policy_s_median"] == 1.25
+    assert out["off_policy_steps_per_s"] == pytest.approx(0.8) and out["speedup"] == pytest.approx(1.6)
+    assert len(out["raw_steps"]["off_policy"]) == 2 * 3 and out["off_policy_wait_s"] == 0.01
+    monkeypatch.setattr(bench.os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
+    assert bench.bench_offpolicy(steps=5, repeats=1)["skipped"].endswith("one for the trainer; 1 here")
+
+
 @pytest.mark.parametrize("flags, message", [(["--step-steps", "1"], "--step-steps must be >= 2"),
                                            (["--step-micro-batch", "5"], "--step-micro-batch (5) must divide")])
 def test_step_flags_are_checked(monkeypatch, capsys, flags, message):

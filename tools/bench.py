@@ -3,6 +3,7 @@
     python -m tools.bench                      # every section but update_levers, table on stdout
     python -m tools.bench --only loss --output bench.json
     python -m tools.bench --only step --step-repeats 5 --step-steps 5    # ours vs TRL (needs requirements-bench.txt)
+    python -m tools.bench --only offpolicy                                # synchronous vs one step off-policy
     python -m tools.bench --only step --step-model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B --step-prompts 64 \
         --step-max-tokens 4096 --step-micro-batch 4                       # on a GPU: a cut of the 1.5B preset's shape
 
@@ -48,6 +49,9 @@ Sections:
   checkpoint_memory  (GPU; a CPU prints the reckoning only) what full and selective checkpointing keep of one
             20,480-token row at the 1.5B shape, measured beside the reckoning, and the selective policy's rotary
             copies of q and k: their memory and time per row
+  offpolicy the tiny preset's step (32 prompts x 8 responses, 8 optimizer steps) synchronous against one step
+            off-policy (--off-policy-steps 1: a sampler process on half the cores, the trainer on the other half),
+            alternating runs on the same cores: steps per second and their ratio (target >= 1.5x)
 """
 
 # --update-attn is read before the import below that loads torch, so imports follow code here:
@@ -1192,6 +1196,22 @@ def _run_logged(cmd, log_path, on_poll=None):
         raise RuntimeError(f"{' '.join(cmd[:3])} ... exited with {proc.returncode}:\n{tail}")
 
 
+def _timed_rows(cmd, out_dir) -> tuple[list[float], list[dict]]:
+    """Run train.py's command `cmd` writing into out_dir: when each metrics.jsonl row appeared (polling the file),
+    and the rows."""
+    metrics = os.path.join(out_dir, "metrics.jsonl")
+    marks = []
+
+    def poll():
+        if os.path.exists(metrics):
+            with open(metrics) as f:
+                rows = sum(1 for line in f if line.endswith("\n"))
+            marks.extend([time.perf_counter()] * (rows - len(marks)))
+
+    _run_logged(cmd, out_dir + ".log", poll)
+    return marks, [json.loads(line) for line in open(metrics)]
+
+
 def ours_steps(engine, workdir, steps, prompts, n, max_tokens, micro_batch, lr, model="tiny", min_tokens=0):
     """train.py with `engine` (hf | vllm) for `steps` steps, one optimizer step each; per step after the first: wall
     time (between consecutive metrics.jsonl rows, seen by polling the file) and train.py's own phase times."""
@@ -1205,17 +1225,7 @@ def ours_steps(engine, workdir, steps, prompts, n, max_tokens, micro_batch, lr, 
            "--temperature", "1.0", "--top-p", "1.0", "--lr", str(lr), "--warmup-steps", "0", "--weight-decay", "0",
            "--grad-clip", "1.0", "--precision", "fp32", "--seed", "0", "--max-steps", str(steps),
            "--eval-every", "0", "--save-every", str(10**9), "--output-dir", out_dir]
-    metrics = os.path.join(out_dir, "metrics.jsonl")
-    marks = []  # when each row appeared
-
-    def poll():
-        if os.path.exists(metrics):
-            with open(metrics) as f:
-                rows = sum(1 for line in f if line.endswith("\n"))
-            marks.extend([time.perf_counter()] * (rows - len(marks)))
-
-    _run_logged(cmd, out_dir + ".log", poll)
-    rows = [json.loads(line) for line in open(metrics)]
+    marks, rows = _timed_rows(cmd, out_dir)
     return [{"s": marks[k] - marks[k - 1], "sample_s": rows[k].get("time_rollout_s"),
              "score_s": rows[k].get("time_reward_s"), "update_s": rows[k].get("time_update_s"),
              "response_len": rows[k].get("response_length_mean")} for k in range(1, len(rows))]
@@ -1398,10 +1408,67 @@ def bench_step_long(tokens=256, **shape):
     return bench_step(**{**shape, "max_tokens": tokens, "min_tokens": tokens})
 
 
+# --- off-policy -------------------------------------------------------------------------------
+
+OFF_POLICY_WARM_STEPS = 2  # steps left out of each run: the engine's first generate compiles, and off-policy's step 1
+#                            samples with nothing to overlap
+
+
+def preset_steps(workdir, name, extra, steps, model="tiny"):
+    """train.py --preset tiny as it is (32 prompts x 8 responses of <= 48 tokens, 8 optimizer steps a step) on vLLM
+    with `extra` flags, for `steps` steps, no evaluation or checkpoint on the way; per step after the first: the wall
+    seconds since the row before (metrics.jsonl polled) and train.py's own clocks."""
+    out_dir = os.path.join(workdir, name)
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--preset", "tiny", "--model", model, "--sampler", "vllm",
+           "--max-steps", str(steps), "--eval-every", "0", "--save-every", str(10**9), "--save-first", "0",
+           "--log-samples-every", "0", "--no-curves", "--output-dir", out_dir, *extra]
+    marks, rows = _timed_rows(cmd, out_dir)
+    return [{"s": marks[k] - marks[k - 1], "wait_s": rows[k].get("time_rollout_s"),
+             "update_s": rows[k].get("time_update_s"), "sampler_s": rows[k].get("time_sampler_s"),
+             "staleness": rows[k].get("staleness", 0)} for k in range(1, len(rows))]
+
+
+def bench_offpolicy(steps=8, repeats=3, model="tiny"):
+    """The tiny preset's step synchronous (sampler and trainer take turns on every core) against one step off-policy
+    (--off-policy-steps 1: a sampler process on half the cores, the trainer on the rest; one each on 2 cores),
+    alternating runs, each run's first OFF_POLICY_WARM_STEPS steps left out: seconds per step, steps per second and
+    their ratio (target >= 1.5x). The phase clocks: the synchronous run's rollout and update; off-policy, the trainer's
+    wait for the batch, its update and the sampler's own time on the batch."""
+    import tempfile
+    runners = {"synchronous": [], "off_policy": ["--off-policy-steps", "1"]}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if cores < 2 and not torch.cuda.is_available():
+        return {"skipped": f"one step off-policy needs a core for the sampler and one for the trainer; {cores} here"}
+    per_step, loads = {name: [] for name in runners}, []
+    for _ in range(repeats):  # alternate, so a noisy machine slows both alike
+        for name, extra in runners.items():
+            loads.append(os.getloadavg()[0])
+            with tempfile.TemporaryDirectory(prefix=f"bench-offpolicy-{name}-") as workdir:
+                per_step[name] += preset_steps(workdir, name, extra, steps, model)[OFF_POLICY_WARM_STEPS - 1:]
+    out = {"preset": "tiny", "model": model, "cores": cores, "steps_per_run": steps, "runs": repeats,
+           "measured_steps_per_run": steps - OFF_POLICY_WARM_STEPS}
+    for name, records in per_step.items():
+        seconds = [r["s"] for r in records]
+        out[f"{name}_s_median"] = statistics.median(seconds)
+        out[f"{name}_s_min"], out[f"{name}_s_max"] = min(seconds), max(seconds)
+        out[f"{name}_steps_per_s"] = 1 / out[f"{name}_s_median"]
+        for phase in ("wait_s", "update_s", "sampler_s"):
+            values = [r[phase] for r in records if r.get(phase) is not None]
+            if values:
+                out[f"{name}_{phase}"] = statistics.median(values)
+    out["off_policy_staleness"] = sorted({r["staleness"] for r in per_step["off_policy"]})
+    out["speedup"] = out["synchronous_s_median"] / out["off_policy_s_median"]
+    out["speedup_target"] = ">= 1.5 (steps per second, one step off-policy against synchronous)"
+    out["load_avg_1min_max"] = max(loads)  # each run's own ~2 included; more means others share the cores
+    out["raw_steps"] = per_step
+    return out
+
+
 SECTIONS = {"loss": bench_loss, "logprobs": bench_logprobs, "reward": bench_reward, "rollout": bench_rollout,
             "step": bench_step, "step_long": bench_step_long, "update_memory": bench_update_memory,
             "update_throughput": bench_update_throughput, "update_levers": bench_update_levers,
-            "host_syncs": bench_host_syncs, "checkpoint_memory": bench_checkpoint_memory}
+            "host_syncs": bench_host_syncs, "checkpoint_memory": bench_checkpoint_memory,
+            "offpolicy": bench_offpolicy}
 
 
 def cpu_model():
@@ -1429,6 +1496,9 @@ def make_parser():
     parser.add_argument("--step-max-tokens", type=int, default=48, help="step: max response tokens")
     parser.add_argument("--step-micro-batch", type=int, default=32, help="step: sequences per forward/backward")
     parser.add_argument("--step-long-tokens", type=int, default=256, help="step_long: every response this long")
+    parser.add_argument("--offpolicy-steps", type=int, default=8,
+                        help=f"offpolicy: steps per run (the first {OFF_POLICY_WARM_STEPS} are warm-up)")
+    parser.add_argument("--offpolicy-repeats", type=int, default=3, help="offpolicy: runs of each side, alternating")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="logprobs, update_throughput, "
                         "update_levers, host_syncs, checkpoint_memory: where they run")
     parser.add_argument("--logprobs-tokens", type=int, default=4096, help="logprobs: response tokens through the head")
@@ -1452,6 +1522,9 @@ def argument_checks(parser, args) -> list[str]:
     if args.step_prompts < 1 or args.step_micro_batch < 1 or (args.step_prompts * 8) % args.step_micro_batch:
         parser.error(f"--step-micro-batch ({args.step_micro_batch}) must divide --step-prompts x 8 = "
                      f"{args.step_prompts * 8}")
+    if args.offpolicy_steps <= OFF_POLICY_WARM_STEPS or args.offpolicy_repeats < 1:
+        parser.error(f"--offpolicy-steps must be > {OFF_POLICY_WARM_STEPS} (the first {OFF_POLICY_WARM_STEPS} are "
+                     "warm-up) and --offpolicy-repeats >= 1")
     if args.update_repeats is not None and args.update_repeats < 1:
         parser.error(f"--update-repeats must be >= 1, got {args.update_repeats}")
     for flag, value, low in (("--step-max-tokens", args.step_max_tokens, 1),
@@ -1494,7 +1567,8 @@ def section_arguments(args) -> dict:
             "update_memory": dict(response_tokens=args.update_response_tokens),
             "update_throughput": dict(update, budget=args.update_budget, attn=args.update_attn),
             "update_levers": update, "host_syncs": dict(device=args.device),
-            "checkpoint_memory": dict(device=args.device)}
+            "checkpoint_memory": dict(device=args.device),
+            "offpolicy": dict(steps=args.offpolicy_steps, repeats=args.offpolicy_repeats, model=args.step_model)}
 
 
 def print_section(name: str, result: dict) -> None:

@@ -113,6 +113,16 @@ DEPTH_CELLS = {  # cell -> (optimizer steps per batch, lr, its arms with the con
 DEPTH_ARMS = [arm for _, _, arms in DEPTH_CELLS.values() for arm in arms]
 DEPTH_SEEDS = {"all": list(range(30, 38)), "A only": list(range(38, 42))}  # every cell 30-37; cell A also 38-41
 
+# What one step of staleness does (train.py --off-policy-steps 1, docs/training.md; tools/study_stale.py): CE-GPPO
+# (0.5, 1) and its token-mean control at cell A's lr 1e-4, synchronous and one step stale. The stale arms sample ahead
+# in the run's own process (--no-sampler-process: a sampler process's numbers, and one core per run, as the study pins).
+STALE = ["--off-policy-steps", "1", "--no-sampler-process"]
+CONFIGS.update({"ppo_clip_tm_lr1e-4_stale1": CONFIGS["ppo_clip_tm_lr1e-4"] + STALE,
+                "ce_gppo_0.5_1_lr1e-4_stale1": CONFIGS["ce_gppo_0.5_1_lr1e-4"] + STALE})
+STALE_PAIRS = {"token-mean PPO-clip": ("ppo_clip_tm_lr1e-4_stale1", "ppo_clip_tm_lr1e-4"),  # (stale, synchronous)
+               "CE-GPPO (0.5, 1)": ("ce_gppo_0.5_1_lr1e-4_stale1", "ce_gppo_0.5_1_lr1e-4")}
+STALE_ARMS = [arm for pair in STALE_PAIRS.values() for arm in reversed(pair)]
+
 # What each tool runs unless told otherwise.
 MECHANISM_DEFAULT = ["ppo_clip", "ppo_clip_repeat", "ce_gppo_0_1", "ce_gppo_0.5_1", "ce_gppo_1_1", "ce_gppo_1_0.5",
                      "ce_gppo_1_0", "gppo", "dapo", "entropy_0.001", "entropy_0.003"]

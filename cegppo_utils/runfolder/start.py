@@ -38,7 +38,7 @@ D = lazy.module("cegppo_utils.distributed", globals(), "D")
 # Flags that may change when a run is resumed: how long it runs and what it logs, not what it computes.
 RESUMABLE = {"max_steps", "save_every", "save_first", "keep_checkpoints", "eval_every", "log_samples_every",
              "tensorboard", "wandb", "run_name", "resume", "output_dir", "sampler", "gpu_memory_utilization",
-             "region_grad_norms", "curves"}
+             "region_grad_norms", "curves", "sampler_process"}
 
 # Written by the run that created the folder: only a folder holding it (or an empty one) takes a new run.
 RUN_MARKER = ".ce-gppo-run"

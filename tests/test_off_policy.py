@@ -211,23 +211,28 @@ def parse_error(argv, capsys, env=None, monkeypatch=None) -> str:
 
 def test_what_cannot_run_one_step_off_policy_is_one_line_before_torch_loads(tmp_path, capsys, monkeypatch):
     """Each refused in one line with exit code 2 by the flags alone: a depth other than 0 or 1; torchrun's ranks; HF
-    generate in a process of its own; a process on one core; --sampler-process without --off-policy-steps; and
-    --off-policy-steps typed beside --resume of a synchronous run (a run resumes with its own settings)."""
+    generate in a process of its own; a process on one core; and
+    --off-policy-steps typed beside --resume of a synchronous run (a run resumes with its own settings). Either
+    --sampler-process or --no-sampler-process is taken on a synchronous run, which samples in its own process."""
     run = ["--output-dir", str(tmp_path / "new"), "--off-policy-steps", "1"]
     assert "--off-policy-steps must be 0 (synchronous) or 1, got 2" in parse_error(run + ["--off-policy-steps", "2"],
                                                                                     capsys)
     assert "--sampler hf: HF generate samples from the training model itself" in parse_error(run + ["--sampler", "hf"],
                                                                                              capsys)
-    assert "--sampler-process is read only with --off-policy-steps 1" in parse_error(
-        ["--output-dir", str(tmp_path / "new"), "--sampler-process"], capsys)
+    for switch in ("--sampler-process", "--no-sampler-process"):  # a synchronous run samples in its own process:
+        assert flags.parse_args(["--output-dir", str(tmp_path / "new"), switch]).off_policy_steps == 0  # either agrees
     with monkeypatch.context() as patch:
         patch.setattr(os, "sched_getaffinity", lambda pid: {0})
         assert "the sampler process needs a core of its own" in parse_error(run, capsys)
         flags.parse_args(run + ["--no-sampler-process"])  # the emulation needs none
     with monkeypatch.context() as patch:
         patch.setenv("WORLD_SIZE", "2")
-        patch.setenv("RANK", "1")  # a rank that does not look at the folder
+        patch.setenv("RANK", "0")  # rank 0 says it; every other rank ends alike, silent
         assert "not supported under torchrun (2 ranks here)" in parse_error(run, capsys)
+        patch.setenv("RANK", "1")
+        with pytest.raises(SystemExit) as stopped:
+            flags.parse_args(run)
+        assert stopped.value.code == 2 and capsys.readouterr().err == ""
     assert flags.parse_args(run + ["--sampler", "hf", "--no-sampler-process"]).off_policy_steps == 1
     synchronous = tmp_path / "sync"  # a synchronous run's folder: its marker and config.json
     synchronous.mkdir()

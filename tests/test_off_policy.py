@@ -269,3 +269,11 @@ def test_the_stale_comparison_shows_each_arm_and_the_paired_differences(tmp_path
     assert f"| `{stale_ce}` | 1 | 0 | 64.0 |" in text  # its seed 31 stopped at step 5
     assert "| token-mean PPO-clip | final avg@8 (%) | 30: -5.0, 31: -45.0 | -25.0 |" in text
     assert "| CE-GPPO (0.5, 1) | entropy (nats) | 30: -0.020 | -0.020 |" in text
+    # the synchronous arms read from another study's JSON (the fifth study's cell A): the same tables
+    (tmp_path / "sync.json").write_text(json.dumps({sync_tm: study.pop(sync_tm), sync_ce: study.pop(sync_ce)}))
+    path.write_text(json.dumps(study))
+    study_stale.main(["--json", str(path), "--synchronous", str(tmp_path / "sync.json"), "--out",
+                      str(tmp_path / "apart.md"), "--steps", "20"])
+    apart = (tmp_path / "apart.md").read_text()
+    assert "The synchronous arms are read from sync.json." in apart
+    assert apart.split("\n\n")[2:] == text.split("\n\n")[2:]  # below the first paragraph, the same page

@@ -5,11 +5,14 @@ by seed. Shown, not judged: per arm its runs' final held-out avg@8, lowest 10-st
 third study's definition), the clip regions' shares, entropy and the measured behaviour gap; per objective the paired
 differences stale minus synchronous, seed by seed. No test is run and no claim is made: see the page's last paragraph.
 
-    # the runs (tools/configs.py STALE_ARMS): 4 arms x 3 seeds, two runs at once, each on one core
+    # the stale arms (tools/configs.py STALE_ARMS), 3 seeds, two runs at once, each on one core
     python -m tools.study --preset merge-active --steps 200 --seeds 30,31,32 --parallel 2 \\
-        --configs ppo_clip_tm_lr1e-4,ce_gppo_0.5_1_lr1e-4,ppo_clip_tm_lr1e-4_stale1,ce_gppo_0.5_1_lr1e-4_stale1 \\
+        --configs ppo_clip_tm_lr1e-4_stale1,ce_gppo_0.5_1_lr1e-4_stale1 \\
         --root runs/study-stale --json docs/figures/study-stale.json --no-plot
-    python -m tools.study_stale     # docs/figures/study-stale.md, from the JSON alone
+    # docs/figures/study-stale.md from the JSONs alone: the synchronous arms are the fifth study's cell A runs of the
+    # same seeds (the same configs, warm start and code path: their steps 0-3 rerun at the stale arms' commit gave
+    # every logged number again, bit for bit); without --synchronous they are read from --json, run beside the others
+    python -m tools.study_stale --synchronous docs/figures/study-depth.json.gz
 
 The stale arms sample ahead in the run's own process (--no-sampler-process): the numbers a sampler process gives
 (tests/test_off_policy.py), on one core each, so the study's two runs at once fit a 2-core machine.
@@ -85,14 +88,17 @@ def mean(values):
 
 # --- the page ------------------------------------------------------------------------------------------------------
 
-def page(study: dict, steps: int = STEPS) -> str:
-    """The arms' table, the paired differences and what a protocol would need: markdown."""
+def page(study: dict, steps: int = STEPS, synchronous_from: str | None = None) -> str:
+    """The arms' table, the paired differences and what a protocol would need: markdown. synchronous_from: the file
+    the synchronous arms were read from, where it is not the stale arms' own."""
     lines = ["# One step stale: CE-GPPO (0.5, 1) and token-mean PPO-clip at `merge-active`, lr 1e-4", "",
              study_json.para(f"Runs of {steps} steps (tools/study_stale.py; the commands are in its docstring). Each "
                              "cell is the mean over the arm's finished runs of a per-run value: the region shares "
                              "and entropy are means over the run's steps; the behaviour gap is the k3 estimate of "
                              "KL(q || pi_old) between the sampler's and the trainer's log-probs, which one update of "
-                             "staleness adds to. Shown, not judged."), "",
+                             "staleness adds to. Shown, not judged."
+                             + (f" The synchronous arms are read from {synchronous_from}." if synchronous_from
+                                else "")), "",
              "| arm | runs | collapsed | " + " | ".join(head for _, head, _, _ in VALUES) + " |",
              "|---|---|---|" + "---|" * len(VALUES)]
     for arm in STALE_ARMS:
@@ -120,6 +126,16 @@ def page(study: dict, steps: int = STEPS) -> str:
     return "\n".join(lines)
 
 
+def arms(json_path: str, sync_path: str | None) -> dict:
+    """The stale arms from json_path; the synchronous ones from sync_path where given, else from json_path too."""
+    study = study_json.load_study(json_path)
+    if sync_path:
+        synchronous = study_json.load_study(sync_path)
+        for _, arm in STALE_PAIRS.values():
+            study[arm] = synchronous.get(arm, {})
+    return study
+
+
 def signed(x, show) -> str:
     if x is None:
         return "n/a"
@@ -131,18 +147,24 @@ def main(argv=None):
     """The command line: bad input is one line and exit code 2, found before anything is written."""
     parser = cli.Parser("study_stale.py", description=__doc__)
     parser.add_argument("--json", default=JSON, help="the study's JSON (tools/study.py --json)")
+    parser.add_argument("--synchronous", default=None, help="the study JSON the synchronous arms are read from "
+                                                              "(default: --json)")
     parser.add_argument("--out", default=PAGE, help="the page to write")
     parser.add_argument("--steps", type=int, default=STEPS, help="the runs' length (a run that ended sooner is left "
                                                                  "out)")
     args = parser.parse_args(argv)
     json_path, out = os.path.expanduser(args.json), os.path.expanduser(args.out)
+    sync_path = os.path.expanduser(args.synchronous) if args.synchronous else None
     problem = (cli.input_problem(json_path, "--json") or study_json.study_problem(json_path, "--json")
+               or (sync_path and (cli.input_problem(sync_path, "--synchronous")
+                                  or study_json.study_problem(sync_path, "--synchronous")))
                or cli.output_problem(out, "--out", create=True))
     if args.steps < 1:
         problem = problem or f"--steps {args.steps}: must be >= 1"
     if problem:
         parser.error(problem)
-    text = cli.guard("study_stale.py", lambda: page(study_json.load_study(json_path), args.steps))
+    text = cli.guard("study_stale.py", lambda: page(arms(json_path, sync_path), args.steps,
+                                                        os.path.basename(sync_path) if sync_path else None))
     from cegppo_utils import runfolder
     runfolder.write_text_atomically(out, text + "\n")
     print(text)

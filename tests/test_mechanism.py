@@ -54,9 +54,8 @@ def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
     # train.py flags; HF generate, since the pairing and its bookkeeping are tested here, not the engine
     train_flags = ["--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "2",
                    "--micro-batch-size", "16", "--lr", "0.01", "--sampler", "hf"]
-    # beside the four compared, the configs that carry state (an adaptive coefficient, a reference model, a mask)
-    for i, configs in enumerate(("ppo_clip,ppo_clip_repeat,ce_gppo_1_1,gppo,adaptive_entropy,grpo_kl_0.04,"
-                                 "top_entropy_0.2", "ppo_clip,gppo")):
+    for i, configs in enumerate(("ppo_clip,ppo_clip_repeat,ce_gppo_1_1,gppo,entropy_0.003,grpo,adaptive_entropy,"
+                                 "grpo_kl_0.04,dapo,top_entropy_0.2", "ppo_clip,gppo")):
         out = tmp_path / ("run0.json", "run1.json.gz")[i]  # the second packed, as the committed ones are
         done = subprocess.run([sys.executable, "-m", "tools.mechanism", "--preset", "tiny", "--batches", "2",
                                "--probe-prompts", "4", "--fresh-prompts", "4", "--configs", configs,

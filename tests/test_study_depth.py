@@ -114,6 +114,11 @@ def test_the_pages_from_a_json_and_a_bad_one(tmp_path, capsys):
     assert "| `ce_gppo_0.5_1` | 11 | 11 | 11 |" in arms  # per window: 7 runs at 0%, one at 90%, a mean of 11%
     assert (tmp_path / "pages" / "curves.png").stat().st_size > 10_000
     assert "D: unstable" in (tmp_path / "pages" / "verdicts.md").read_text()
+    for page in ("arms.md", "verdicts.md"):  # seeds 0-7, none of the registered 30-41: each page says it is interim
+        assert "**Interim: 0 of the 116 registered runs have finished." in (tmp_path / "pages" / page).read_text()
+    complete = {arm: {str(seed): run() for seed in range(30, 42)} for arm in SD.DEPTH_ARMS}
+    assert not SD.interim(complete) and len(SD.planned_runs()) == 116
+    assert "Interim" not in SD.arms_page(complete)
     study[d[0]]["0"]["steps"][3]["truncated_frac"] = "many"
     path.write_text(json.dumps(study))
     with pytest.raises(SystemExit) as e:

@@ -20,7 +20,7 @@ import os
 from cegppo_utils import cli
 from cegppo_utils.data import UserError
 from tools import study_json
-from tools.configs import DEPTH_ARMS, DEPTH_CELLS
+from tools.configs import DEPTH_ARMS, DEPTH_CELLS, DEPTH_SEEDS
 from tools.stats import (
     ImpossibleInput,
     exact_rate_ci,
@@ -287,8 +287,25 @@ def family3_section(study: dict) -> list[str]:
                                  f"({confounded['n']} pairs)" if "mean" in confounded else "too few pairs") + ".", ""]
 
 
+def planned_runs() -> list[tuple[str, int]]:
+    """(arm, seed) of every run the protocol registered: every cell at DEPTH_SEEDS["all"], cell A also at "A only"."""
+    return [(arm, seed) for cell, (_, _, arms) in DEPTH_CELLS.items() for arm in arms
+            for seed in DEPTH_SEEDS["all"] + (DEPTH_SEEDS["A only"] if cell == "A" else [])]
+
+
+def interim(study: dict) -> list[str]:
+    """The line that heads each page while registered runs are missing (none once all have finished): the protocol
+    fixed its readings for the finished study, so an interim page is not read."""
+    plan = planned_runs()
+    done = sum(str(seed) in finished(study.get(arm, {})) for arm, seed in plan)
+    if done == len(plan):
+        return []
+    return [f"**Interim: {done} of the {len(plan)} registered runs have finished. The protocol's readings are for the "
+            "finished study; until then nothing on this page is a result, a reading or a trend to act on.**", ""]
+
+
 def verdicts_page(study: dict) -> str:
-    out = ["# The fifth study: verdicts", "",
+    out = ["# The fifth study: verdicts", "", *interim(study),
            "By docs/study-protocol-depth.md, re-derived from the study's JSON by `python -m tools.study_depth`. P1: "
            "final avg@8; P2: the lowest 10-step mean training accuracy after step 10; paired over the seeds both "
            "arms finished in one block. Paired t-test per contrast (the exact sign-flip p beside it), Holm within "
@@ -362,7 +379,7 @@ def arms_page(study: dict) -> str:
                   for seed, run in sorted(study.get(arm, {}).items(), key=lambda kv: int(kv[0]))
                   if run["steps_done"] < STEPS]
     return "\n".join([
-        "# The fifth study: every arm", "",
+        "# The fifth study: every arm", "", *interim(study),
         "Warm start(s) (one block each): " + ", ".join(f"`{h}`" for h in hashes) + f". Finished runs only ({STEPS} "
         "steps). Collapse: the third study's rule (a 10-step mean training accuracy below 5% from step 11 on, or "
         "final avg@8 below 10%). No-EOS collapse: a 10-step mean share of responses that hit the length cap above "

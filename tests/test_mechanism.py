@@ -4,11 +4,11 @@ statistics, and a short paired run that reproduces itself with its sanity lines 
 import gzip
 import json
 import math
-import subprocess
 import sys
 
 import pytest
 import torch
+import warm
 from conftest import ROOT
 
 from tools import mechanism as M
@@ -57,7 +57,7 @@ def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
     for i, configs in enumerate(("ppo_clip,ppo_clip_repeat,ce_gppo_1_1,gppo,entropy_0.003,grpo,adaptive_entropy,"
                                  "grpo_kl_0.04,dapo,top_entropy_0.2", "ppo_clip,gppo")):
         out = tmp_path / ("run0.json", "run1.json.gz")[i]  # the second packed, as the committed ones are
-        done = subprocess.run([sys.executable, "-m", "tools.mechanism", "--preset", "tiny", "--batches", "2",
+        done = warm.run([sys.executable, "-m", "tools.mechanism", "--preset", "tiny", "--batches", "2",
                                "--probe-prompts", "4", "--fresh-prompts", "4", "--configs", configs,
                                "--output", str(out), *train_flags],
                               cwd=ROOT, capture_output=True, text=True, timeout=600)

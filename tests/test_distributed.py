@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import warm
 from conftest import ROOT, few_problems, vllm_or_skip
 
 # One update on a fixed batch, run by a worker that is either a plain process or a torchrun rank. 6 groups of 4,
@@ -285,7 +286,7 @@ def test_two_rank_run_logs_once_and_resumes_on_one_rank(tmp_path, tiny_model_pat
                                       "model.safetensors"))
     assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)
 
-    done = subprocess.run([sys.executable, "train.py", *flags, "--max-steps", "3", "--sampler", "hf", "--resume"],
+    done = warm.run([sys.executable, "train.py", *flags, "--max-steps", "3", "--sampler", "hf", "--resume"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed from" in done.stdout and "saved by 2 rank(s), now 1" in done.stdout

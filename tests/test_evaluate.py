@@ -3,10 +3,10 @@
 import itertools
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+import warm
 from conftest import ROOT
 
 import evaluate as E
@@ -89,7 +89,7 @@ def test_loader_errors_name_the_problem(tmp_path):
 @pytest.mark.slow
 def test_end_to_end_on_the_tiny_model(tmp_path, tiny_model_path):
     out = tmp_path / "results.json"
-    run = subprocess.run([sys.executable, "evaluate.py", "--model", "tiny", "--benchmarks", "arith", "--k", "4",
+    run = warm.run([sys.executable, "evaluate.py", "--model", "tiny", "--benchmarks", "arith", "--k", "4",
                           "--limit", "40", "--output", str(out), "--responses"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -135,11 +135,11 @@ def test_a_file_benchmark_with_a_prompt_too_long_for_the_model(tmp_path, tiny_mo
     path, out = long_prompt_file(tmp_path), tmp_path / "r.json"
     base = [sys.executable, "evaluate.py", "--model", "tiny", "--benchmarks", f"arith,{path}", "--k", "2",
             "--max-tokens", "24", "--limit", "3", "--sampler", sampler, "--output", str(out)]
-    refused = subprocess.run(base, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    refused = warm.run(base, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert f"{path}: problem long has a " in refused.stderr and "--skip-long" in refused.stderr
     assert not out.exists()  # found before anything was sampled
-    done = subprocess.run(base + ["--skip-long"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = warm.run(base + ["--skip-long"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())["benchmarks"]
     assert results[path]["skipped_ids"] == ["long"] and [p["id"] for p in results[path]["problems"]] == ["short"]
@@ -303,14 +303,14 @@ def test_seed_of_re_derives_a_runs_held_out_score_sample_for_sample(tmp_path, ti
     problems.write_text("".join(json.dumps({"problem": p["problem"], "answer": p["answer"]}) + "\n"
                                 for p in tiny.TASKS["arith"].held_out()[:40]))
     run = tmp_path / "run"
-    trained = subprocess.run([sys.executable, "train.py", "--gen-prompts", "8", "--n", "4", "--max-steps", "1",
+    trained = warm.run([sys.executable, "train.py", "--gen-prompts", "8", "--n", "4", "--max-steps", "1",
                               "--eval-every", "1", "--no-eval-before-train", "--eval-data", str(problems),
                               "--sampler", "vllm", "--log-samples-every", "0", "--output-dir", str(run)],
                              cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert trained.returncode == 0, trained.stderr[-3000:]
     row = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     out = tmp_path / "eval.json"
-    done = subprocess.run([sys.executable, "evaluate.py", "--seed-of", str(run), "1", "--responses", "--output",
+    done = warm.run([sys.executable, "evaluate.py", "--seed-of", str(run), "1", "--responses", "--output",
                            str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())

@@ -4,11 +4,11 @@ statistics, and a short paired run that reproduces itself with its sanity lines 
 import gzip
 import json
 import math
-import subprocess
 import sys
 
 import pytest
 import torch
+import warm
 from conftest import ROOT
 
 from tools import mechanism as M
@@ -52,15 +52,15 @@ def test_a_short_paired_run_reproduces_itself(tmp_path, tiny_model_path):
     every weight by about lr, so the later mini-batches' ratios leave the clip interval whatever the warm start."""
     outputs, printed = [], []
     # train.py flags; HF generate, since the pairing and its bookkeeping are tested here, not the engine
-    train_flags = ["--gen-prompts", "8", "--train-prompts", "8", "--mini-batch-prompts", "2",
+    train_flags = ["--gen-prompts", "6", "--train-prompts", "6", "--mini-batch-prompts", "2",
                    "--micro-batch-size", "16", "--lr", "0.01", "--sampler", "hf"]
     for i, configs in enumerate(("ppo_clip,ppo_clip_repeat,ce_gppo_1_1,gppo,entropy_0.003,grpo,adaptive_entropy,"
                                  "grpo_kl_0.04,dapo,top_entropy_0.2", "ppo_clip,gppo")):
         out = tmp_path / ("run0.json", "run1.json.gz")[i]  # the second packed, as the committed ones are
-        done = subprocess.run([sys.executable, "-m", "tools.mechanism", "--preset", "tiny", "--batches", "2",
-                               "--probe-prompts", "4", "--fresh-prompts", "4", "--configs", configs,
-                               "--output", str(out), *train_flags],
-                              cwd=ROOT, capture_output=True, text=True, timeout=600)
+        done = warm.run([sys.executable, "-m", "tools.mechanism", "--preset", "tiny", "--batches", "2",
+                         "--probe-prompts", "2", "--fresh-prompts", "2", "--configs", configs,
+                         "--output", str(out), *train_flags],
+                        cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         outputs.append(json.loads(gzip.decompress(out.read_bytes()) if i else out.read_text()))
         printed.append(done.stdout)

@@ -6,12 +6,12 @@ line and exit code 2, before torch loads."""
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 import torch
+import warm
 from conftest import ROOT, vllm_or_skip
 from test_train import SMALL, final_state, read_metrics
 
@@ -27,10 +27,9 @@ def train(output_dir, *extra, env=None, expect=0):
     process (its pid is the session's id, to look for anything it left running). Its output goes to files, not pipes:
     a process it left running would hold a pipe open, and reading it would wait for that process too."""
     with open(f"{output_dir}.out", "w+") as out, open(f"{output_dir}.err", "w+") as err:
-        process = subprocess.Popen([sys.executable, "train.py", *OFF, "--output-dir", str(output_dir), *extra],
-                                   cwd=ROOT, stdout=out, stderr=err, env={**os.environ, **(env or {})},
-                                   start_new_session=True,
-                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        process = warm.popen([sys.executable, "train.py", *OFF, "--output-dir", str(output_dir), *extra],
+                             cwd=ROOT, stdout=out, stderr=err, env={**os.environ, **(env or {})},
+                             start_new_session=True)  # a warm child has SIGINT's default (tests/warm.py)
         process.wait(timeout=900)
         out.seek(0), err.seek(0)
         process.stdout_text, process.stderr_text = out.read(), err.read()

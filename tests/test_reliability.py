@@ -6,12 +6,12 @@ test_runfolder.py beside Ctrl-C)."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 import threading
 
 import pytest
 import torch
+import warm
 from conftest import ROOT, parse_train_args
 from test_bad_input import fake_checkpoint, run_evaluate_in_process, run_train_in_process, write
 
@@ -223,7 +223,7 @@ def test_runfolder_export_prints_its_error(tmp_path, tiny_checkpoint):
     message Python itself would not print)."""
     shard = copy_checkpoint(tiny_checkpoint, tmp_path / "no-shard")
     os.remove(os.path.join(shard, "__0_0.distcp"))
-    done = subprocess.run([sys.executable, "-m", "cegppo_utils.runfolder", "export", shard, str(tmp_path / "out")],
+    done = warm.run([sys.executable, "-m", "cegppo_utils.runfolder", "export", shard, str(tmp_path / "out")],
                           cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
@@ -245,17 +245,17 @@ def read_only(tmp_path):
                 os.chmod(d, 0o555)
             return str(copy)
         (tmp_path / "ro").mkdir()
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", str(tmp_path / "ro")],
+        if warm.run(["mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", str(tmp_path / "ro")],
                           capture_output=True).returncode != 0:
             pytest.skip("cannot mount a read-only file system here")
         mounts.append(str(tmp_path / "ro"))
         shutil.copytree(folder, copy)
-        assert subprocess.run(["mount", "-o", "remount,ro", str(tmp_path / "ro")], capture_output=True).returncode == 0
+        assert warm.run(["mount", "-o", "remount,ro", str(tmp_path / "ro")], capture_output=True).returncode == 0
         return str(copy)
 
     yield make
     for m in mounts:
-        subprocess.run(["umount", "-l", m], capture_output=True)
+        warm.run(["umount", "-l", m], capture_output=True)
     for d, _, _ in os.walk(tmp_path / "ro"):
         os.chmod(d, 0o755)
 
@@ -686,7 +686,7 @@ def refusal_line(argv, capsys) -> str:
 def before_torch(tmp_path, argv, **env):
     """`python train.py ARGV` where torch and transformers cannot be imported: (exit code, stdout + stderr)."""
     from test_bad_input import without_torch
-    done = subprocess.run([sys.executable, "train.py", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120,
+    done = warm.run([sys.executable, "train.py", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={**without_torch(tmp_path), **env})
     return done.returncode, done.stdout + done.stderr
 

@@ -6,12 +6,12 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 
 import pytest
 import torch
+import warm
 from conftest import ROOT, parse_train_args
 from test_train import SMALL, final_state, read_metrics
 
@@ -26,17 +26,10 @@ def train(output_dir, *extra, crash_at=None, interrupt_at=None, ctrl_c_at=None, 
     env = {**os.environ, **({"TRAIN_CRASH_AT": crash_at} if crash_at else {}),
            **({"TRAIN_INTERRUPT_AT": interrupt_at} if interrupt_at else {}),
            **({"TRAIN_CTRL_C_AT": ctrl_c_at} if ctrl_c_at else {})}
-    done = subprocess.run([sys.executable, "train.py", *FAST, "--output-dir", str(output_dir), *extra], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, env=env, preexec_fn=default_sigint,
-                          start_new_session=ctrl_c_at is not None)
+    done = warm.run([sys.executable, "train.py", *FAST, "--output-dir", str(output_dir), *extra], cwd=ROOT,
+                     capture_output=True, text=True, timeout=600, env=env, start_new_session=ctrl_c_at is not None)
     assert done.returncode == expect, (done.returncode, done.stderr[-3000:])
     return done
-
-
-def default_sigint():
-    """Ctrl-C's default action in the child: a shell that starts the suite in the background leaves SIGINT ignored, and
-    Python then raises no KeyboardInterrupt."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def same_parameters(a, b):
@@ -83,7 +76,7 @@ def test_killed_runs_resume_to_the_parameters_of_an_uninterrupted_run(tmp_path, 
 def test_nan_weights_stop_the_run_before_anything_is_saved(tmp_path, monkeypatch, tiny_model_path):
     """A weight that turns non-finite in an optimizer step (the loss and gradient norm of that step were finite) stops
     the run before any checkpoint or final/ is written. The issue's command (--lr inf) is now refused at start."""
-    refused = subprocess.run([sys.executable, "train.py", *SMALL, "--lr", "inf",
+    refused = warm.run([sys.executable, "train.py", *SMALL, "--lr", "inf",
                               "--train-prompts", "4", "--mini-batch-prompts",
                               "4", "--max-steps", "4", "--save-every", "2", "--output-dir", str(tmp_path / "inf")],
                              cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -180,14 +173,14 @@ def small_disk(tmp_path):
     """A real 3 MiB file system (tmpfs; needs root), or None where one cannot be mounted."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)],
+    if os.geteuid() != 0 or warm.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)],
                                            capture_output=True).returncode != 0:
         yield None
         return
     try:
         yield disk
     finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+        warm.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 def test_a_really_full_disk_stops_in_one_line_and_keeps_the_last_good_checkpoint(tmp_path, small_disk, monkeypatch):
@@ -425,7 +418,7 @@ def test_ctrl_c_ends_in_the_command_that_resumes_exactly_from_the_early_checkpoi
     command = lines[-1].split("is kept. Continue from step 2: ")[1]
     assert command == f".venv/bin/python train.py --resume {out}", lines[-1]
     assert open(out / ".lock").read() == ""  # released
-    resumed = subprocess.run(shlex.split(command), cwd=ROOT, capture_output=True, text=True, timeout=600)
+    resumed = warm.run(shlex.split(command), cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stderr[-3000:]
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
     same_parameters(final_state(finished_run), final_state(out))
@@ -438,7 +431,7 @@ def test_sigterm_ends_like_ctrl_c_and_resume_goes_on(tmp_path, tiny_model_path):
     command that goes on, exit 1 (it was exit 143 and nothing said), the lock released; --resume then finishes the
     run. It asks for the tiny model its train.py trains on, as every test that trains does."""
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "train.py", *FAST, "--output-dir", str(out)], cwd=ROOT, capture_output=True,
+    done = warm.run([sys.executable, "train.py", *FAST, "--output-dir", str(out)], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "TRAIN_TERMINATE_AT": "sampling:3"})
     lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("train:")]
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -525,13 +518,13 @@ def test_a_finished_run_is_answered_before_torch_loads(tmp_path):
     run = tmp_path / "run"
     recorded_run(run, ["--max-steps", "4"], steps=[2, 4], final=True)
     env = without_torch(tmp_path)
-    done = subprocess.run([sys.executable, "train.py", "--resume", str(run)], cwd=ROOT, capture_output=True,
+    done = warm.run([sys.executable, "train.py", "--resume", str(run)], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, env=env)
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout == (f"train.py: {run} finished at step 4; nothing to resume. Its policy is in {run}/final; to "
                            f"train on, raise --max-steps: .venv/bin/python train.py --resume {run} "
                            f"--max-steps N (N > 4)\n")
-    on = subprocess.run([sys.executable, "train.py", "--resume", str(run), "--max-steps", "6"], cwd=ROOT,
+    on = warm.run([sys.executable, "train.py", "--resume", str(run), "--max-steps", "6"], cwd=ROOT,
                         capture_output=True, text=True, timeout=120, env=env)
     assert on.returncode != 0 and "torch was imported" in on.stderr  # past the answers, into the run's imports
 
@@ -558,7 +551,7 @@ def test_a_live_runs_folder_is_answered_in_use_first(tmp_path, capsys):
         in_use = f"--output-dir {run} is in use by another run (pid {holder.pid} on "
         code, err = run_train_in_process(["train.py", "--output-dir", str(run), "--max-steps", "2"], capsys)
         assert code == 2 and in_use in err and "holds a run" not in err, err
-        resumed = subprocess.run([sys.executable, "train.py", "--resume", str(run)], cwd=ROOT, capture_output=True,
+        resumed = warm.run([sys.executable, "train.py", "--resume", str(run)], cwd=ROOT, capture_output=True,
                                  text=True, timeout=120, env=without_torch(tmp_path))
         assert resumed.returncode == 2 and resumed.stderr.startswith(f"train.py: error: {in_use}"), resumed.stderr
     finally:
@@ -609,13 +602,13 @@ def test_the_finished_run_answer_names_the_step_final_holds(tmp_path):
     (run / "final" / runfolder.FINAL_RECORD).write_text(json.dumps({"step": 2}))
     env = without_torch(tmp_path)
     resume = [sys.executable, "train.py", "--resume", str(run), "--max-steps", "3"]
-    on = subprocess.run(resume, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    on = warm.run(resume, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert on.returncode != 0 and "torch was imported" in on.stderr and "finished" not in on.stdout, on.stdout
     assert runfolder.finished_step(str(run), 3) is None and runfolder.final_step(str(run)) == 2
     os.remove(run / "final" / runfolder.FINAL_RECORD)
     assert runfolder.final_step(str(run)) is None and runfolder.finished_step(str(run), 3) is None
     (run / "final" / runfolder.FINAL_RECORD).write_text(json.dumps({"step": 3}))
-    done = subprocess.run(resume, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    done = warm.run(resume, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0 and done.stdout.startswith(f"train.py: {run} finished at step 3; nothing to resume"), \
         done.stdout + done.stderr
 

@@ -3,10 +3,10 @@ and the table's paired intervals on hand-made runs."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+import warm
 from conftest import ROOT, few_problems
 
 from tools import stats, study
@@ -22,7 +22,7 @@ def test_a_two_step_study_runs_resumes_and_reports(tmp_path, tiny_model_path):
            # HF generate: the study's bookkeeping, not the engine, is tested
            "--log-samples-every", "0", "--sampler", "hf",
            "--eval-data", str(few_problems(tmp_path, 8))]  # and 8 held-out problems, not the task's 210
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    done = warm.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads((tmp_path / "study.json").read_text())
     from cegppo_utils import models
@@ -37,19 +37,19 @@ def test_a_two_step_study_runs_resumes_and_reports(tmp_path, tiny_model_path):
     assert [r["step"] for r in data["ppo_clip"]["0"]["steps"]] == [1, 2]  # one row per step
     assert "| grpo | 1 | 2 |" in (tmp_path / "fig" / "table1.md").read_text()
     assert (tmp_path / "fig" / "payoff.png").stat().st_size > 10_000
-    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)  # finished runs are skipped
+    again = warm.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)  # finished runs are skipped
     assert again.returncode == 0 and again.stdout.count("done already") == 2
     longer = [("3" if a == "2" and cmd[i - 1] == "--steps" else a) for i, a in enumerate(cmd)] + ["--plot-only"]
     # a 3-step study: unfinished
-    redrawn = subprocess.run(longer, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    redrawn = warm.run(longer, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert redrawn.returncode == 0, redrawn.stderr[-2000:]
     table = (tmp_path / "fig" / "table1.md").read_text()
     assert ("| grpo |" not in table
             and "Not finished (left out above): grpo seed 0 (2 steps), ppo_clip seed 0 (2 steps)." in table)
     assert "fewer than 2 seeds" in (tmp_path / "fig" / "verdicts.md").read_text()
-    bad = subprocess.run(cmd[:3] + ["--configs", "grpo,nope"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    bad = warm.run(cmd[:3] + ["--configs", "grpo,nope"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown config(s) ['nope']" in bad.stderr
-    missing = subprocess.run(cmd + ["--plot-only", "--mechanism", str(tmp_path / "none.json")], cwd=ROOT,
+    missing = warm.run(cmd + ["--plot-only", "--mechanism", str(tmp_path / "none.json")], cwd=ROOT,
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "--mechanism: no such file" in missing.stderr
 

@@ -4,12 +4,12 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import replace
 
 import pytest
 import torch
+import warm  # train.py and the tools started warm: tests/warm.py
 from conftest import ROOT, few_problems, parse_train_args, train_update
 
 import loss as L
@@ -26,7 +26,7 @@ FIELDS = ["step", "reward_mean", "acc_mean", "entropy", "clip_frac_low_neg", "cl
 
 
 def run_train(output_dir, *extra):
-    out = subprocess.run([sys.executable, "train.py", *SMALL, "--output-dir", str(output_dir), *extra],
+    out = warm.run([sys.executable, "train.py", *SMALL, "--output-dir", str(output_dir), *extra],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
@@ -550,7 +550,7 @@ def test_eval_acc_is_what_evaluate_py_reports(tmp_path, tiny_model_path):
               "--eval-data", str(problems))
     row = read_metrics(tmp_path / "run")[0]
     out = tmp_path / "eval.json"
-    done = subprocess.run([sys.executable, "evaluate.py", "--model", str(tmp_path / "run" / "final"), "--benchmarks",
+    done = warm.run([sys.executable, "evaluate.py", "--model", str(tmp_path / "run" / "final"), "--benchmarks",
                            str(problems), "--sampler", "hf", "--seed", str(row["eval_seed"]), "--output", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -645,7 +645,7 @@ def test_evaluation_from_step_0_and_checkpoints_evaluable_as_they_are(tmp_path, 
         assert sum(sum(r["correct"]) / len(r["correct"])
                    for r in records) / len(records) == pytest.approx(rows[step]["eval_acc"])
     checkpoint = tmp_path / "run" / "checkpoints" / "step_000002"
-    done = subprocess.run([sys.executable, "evaluate.py", "--model", str(checkpoint), "--benchmarks", "arith",
+    done = warm.run([sys.executable, "evaluate.py", "--model", str(checkpoint), "--benchmarks", "arith",
                            "--k", "1",
                            "--limit", "4", "--max-tokens", "24", "--sampler", "hf",
                            "--output", str(tmp_path / "r.json")],
@@ -655,7 +655,7 @@ def test_evaluation_from_step_0_and_checkpoints_evaluable_as_they_are(tmp_path, 
     exported, final = load_file(checkpoint / "hf" / "model.safetensors"), final_state(tmp_path / "run")
     for k in final:
         torch.testing.assert_close(exported[k], final[k])
-    again = subprocess.run([sys.executable, "evaluate.py", "--model", "tiny", "--benchmarks", "arith", "--k", "1",
+    again = warm.run([sys.executable, "evaluate.py", "--model", "tiny", "--benchmarks", "arith", "--k", "1",
                             "--output", str(tmp_path / "r.json")],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "exists; pass --overwrite" in again.stderr
@@ -680,7 +680,7 @@ def test_a_stale_sampler_stops_the_run_with_one_line(sampler, tmp_path, tiny_mod
         vllm_or_skip()
     code = (f"import copy, sys\nimport rollout\n{STALE[sampler]}\nimport train\n"
             f"train.run(sys.argv[1:])")
-    out = subprocess.run([sys.executable, "-c", code, *SMALL, "--sampler", sampler, "--max-steps", "3",
+    out = warm.run([sys.executable, "-c", code, *SMALL, "--sampler", sampler, "--max-steps", "3",
                           "--save-every", "1",
                           "--log-samples-every", "0", "--output-dir", str(tmp_path)], cwd=ROOT, capture_output=True,
                          text=True, timeout=600)
@@ -846,7 +846,7 @@ def test_a_run_killed_during_an_evaluation_evaluates_that_step_on_resume(tmp_pat
            "--log-samples-every", "0"]
     run_train(tmp_path / "straight", *two)
     env = {**os.environ, "TRAIN_CRASH_AT": "evaluation:2"}
-    killed = subprocess.run([sys.executable, "train.py", *SMALL, *two, "--output-dir", str(tmp_path / "killed")],
+    killed = warm.run([sys.executable, "train.py", *SMALL, *two, "--output-dir", str(tmp_path / "killed")],
                             cwd=ROOT,
                             capture_output=True, text=True, timeout=600, env=env)
     assert killed.returncode == -9 and [r["step"] for r in read_metrics(tmp_path / "killed")] == [1]

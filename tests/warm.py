@@ -1,0 +1,223 @@
+"""`python train.py ...` for the tests, started warm: a process forked from an interpreter that has imported torch and
+transformers already, instead of a new interpreter that spends 3-4 s importing them again (about 50 runs in the
+suite). The child is a process of its own, as with subprocess: its own pid, session (start_new_session), signals, exit
+code (-9 when killed), environment, working folder and output files; the script runs as __main__ (runpy), as
+`python SCRIPT` or `python -m MODULE` would run it.
+
+What differs from a fresh interpreter, and why it does not matter here:
+- torch and transformers were imported under the test worker's environment, so a variable they read at import (thread
+  counts, ATEN_CPU_CAPABILITY, anything TORCH_/VLLM_/PYTHON...) is honoured only by a real subprocess: run() and
+  Popen() fall back to one when the environment asked for changes such a variable (IMPORT_TIME_PREFIXES);
+- str hashing is seeded once per server, so two warm runs share it where two interpreters would not (nothing in a
+  run's numbers may depend on set order; the suite's bad-input and kill-before-torch checks keep real subprocesses);
+- SIGINT raises KeyboardInterrupt in the child whatever the worker ignores (a shell that starts the suite in the
+  background leaves it ignored, and a Ctrl-C test needs it); a
+  preexec_fn (a resource limit, say) is honoured by a real subprocess only, so one given means a real subprocess.
+
+The server (this file run as a script) reads one JSON request per line: start (fork a child, answer its pid) or wait
+(its exit code, or None after a timeout). One server per test worker, started at first use, ended with the worker.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "ATEN_", "TORCH", "PYTORCH", "CUDA", "VLLM_", "PYTHON", "LD_", "HF_",
+                        "TRANSFORMERS", "TOKENIZERS", "KMP_", "GOMP_")
+
+
+# --- the server ---------------------------------------------------------------------------------------------------
+
+def serve():
+    """Import what a run imports, then fork a child per request."""
+    import runpy
+    import signal
+    import traceback
+
+    import numpy  # noqa: F401
+    import safetensors.torch  # noqa: F401
+    import torch  # noqa: F401
+    import transformers
+    import transformers.models.qwen2.modeling_qwen2  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401  (the lazy modules a run loads)
+    try:  # under the settings rollout._import_vllm gives it (its logger reads the level once, at import)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        import vllm  # noqa: F401
+        import vllm.entrypoints.llm  # noqa: F401
+    except ImportError:
+        pass
+    requests, replies = sys.stdin.buffer, sys.stdout.buffer
+    replies.write(b'{"ready": true}\n')
+    replies.flush()
+    for line in requests:
+        request = json.loads(line)
+        if request["op"] == "wait":
+            replies.write(json.dumps({"code": wait(request["pid"], request["timeout"])}).encode() + b"\n")
+            replies.flush()
+            continue
+        sys.stdout.flush(), sys.stderr.flush()
+        pid = os.fork()
+        if pid:
+            replies.write(json.dumps({"pid": pid}).encode() + b"\n")
+            replies.flush()
+            continue
+        # the child: a process of its own, then the script as __main__; SystemExit ends the interpreter normally
+        if request["new_session"]:
+            os.setsid()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_APPEND), fd)
+        argv = request["argv"]
+        try:
+            if argv[0] == "-c":
+                sys.argv, sys.path[0] = ["-c", *argv[2:]], ""
+                exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+            elif argv[0] == "-m":
+                sys.argv, sys.path[0] = [argv[1], *argv[2:]], request["cwd"]
+                runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            else:
+                sys.argv, sys.path[0] = list(argv), os.path.dirname(os.path.abspath(argv[0]))
+                runpy.run_path(argv[0], run_name="__main__")
+        except KeyboardInterrupt:  # as an interpreter does: the traceback, then death by SIGINT
+            traceback.print_exc()
+            sys.stdout.flush(), sys.stderr.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        except SystemExit:
+            raise
+        except BaseException:
+            traceback.print_exc()
+            sys.exit(1)
+        sys.exit(0)
+
+
+def wait(pid, timeout):
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if deadline is not None and time.monotonic() > deadline:
+            return None
+        time.sleep(0.02)
+
+
+# --- the client ---------------------------------------------------------------------------------------------------
+
+_server, _lock = None, threading.Lock()
+
+
+def _ask(request):
+    global _server
+    with _lock:
+        if _server is None or _server.poll() is not None:
+            _server = subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE)
+            assert json.loads(_server.stdout.readline()) == {"ready": True}
+        _server.stdin.write(json.dumps(request).encode() + b"\n")
+        _server.stdin.flush()
+        return json.loads(_server.stdout.readline())
+
+
+def warm_argv(args, env):
+    """The script (or -m module, or -c code) and its arguments where a warm start runs it as an interpreter would,
+    else None."""
+    args = [os.fspath(a) for a in args]
+    if len(args) < 2 or args[0] != sys.executable or not (args[1] in ("-m", "-c") or args[1].endswith(".py")):
+        return None
+    changed = {k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k)}
+    if any(k.startswith(IMPORT_TIME_PREFIXES) for k in changed):
+        return None
+    return args[1:]
+
+
+class Popen:
+    """subprocess.Popen for a warm run: pid, wait(timeout), poll(), send_signal, kill, returncode. stdout and stderr:
+    open files (written from their end) or None (the worker's, unread)."""
+
+    def __init__(self, args, argv, cwd, env, stdout, stderr, start_new_session):
+        self.args, self.returncode = args, None
+        self._null = None
+        paths = []
+        for stream in (stdout, stderr):
+            if stream is None:
+                self._null = self._null or tempfile.mkstemp(prefix="warm-", suffix=".out")[1]
+                paths.append(self._null)
+            else:
+                paths.append(stream.name)
+        self.pid = _ask({"op": "start", "argv": argv, "cwd": os.fspath(cwd or os.getcwd()), "env": env,
+                         "stdout": paths[0], "stderr": paths[1], "new_session": start_new_session})["pid"]
+
+    def wait(self, timeout=None):
+        if self.returncode is None:
+            code = _ask({"op": "wait", "pid": self.pid, "timeout": timeout})["code"]
+            if code is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.returncode = code
+            if self._null:
+                os.unlink(self._null)
+        return self.returncode
+
+    def poll(self):
+        try:
+            return self.wait(0)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def send_signal(self, signum):
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def kill(self):
+        import signal
+        self.send_signal(signal.SIGKILL)
+
+
+def popen(args, cwd=None, env=None, stdout=None, stderr=None, start_new_session=False, preexec_fn=None):
+    """subprocess.Popen, warm where it can be (stdout/stderr: files or None). A preexec_fn runs only in a real
+    subprocess: a warm child already has SIGINT's default, which is all the tests ask of one otherwise."""
+    env = dict(os.environ if env is None else env)
+    argv = None if preexec_fn else warm_argv(args, env)
+    if argv is None:
+        return subprocess.Popen(args, cwd=cwd, env=env, stdout=stdout, stderr=stderr,
+                                start_new_session=start_new_session, preexec_fn=preexec_fn)
+    return Popen(args, argv, cwd, env, stdout, stderr, start_new_session)
+
+
+def run(args, cwd=None, env=None, timeout=None, capture_output=False, text=False, start_new_session=False,
+        preexec_fn=None):
+    """subprocess.run, warm where it can be."""
+    env = dict(os.environ if env is None else env)
+    argv = None if preexec_fn else warm_argv(args, env)
+    if argv is None:
+        return subprocess.run(args, cwd=cwd, env=env, timeout=timeout, capture_output=capture_output, text=text,
+                              start_new_session=start_new_session, preexec_fn=preexec_fn)
+    with tempfile.NamedTemporaryFile(prefix="warm-") as out, tempfile.NamedTemporaryFile(prefix="warm-") as err:
+        process = Popen(args, argv, cwd, env, out if capture_output else None, err if capture_output else None,
+                        start_new_session)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+        outputs = []
+        for f in (out, err):
+            f.seek(0)
+            data = f.read() if capture_output else None
+            outputs.append(data.decode(errors="replace") if text and data is not None else data)
+    return subprocess.CompletedProcess(args, process.returncode, *outputs)
+
+
+if __name__ == "__main__":
+    serve()

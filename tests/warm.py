@@ -34,6 +34,9 @@ IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "ATEN_", "TORCH", "PYTORCH", "CUDA", "VL
 
 def serve():
     """Import what a run imports, then fork a child per request."""
+    # the answers on a copy of stdout, and stdout itself onto stderr: a library's print cannot garble an answer
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
     import runpy
     import signal
     import traceback
@@ -51,7 +54,7 @@ def serve():
         import vllm.entrypoints.llm  # noqa: F401
     except ImportError:
         pass
-    requests, replies = sys.stdin.buffer, sys.stdout.buffer
+    requests = sys.stdin.buffer
     replies.write(b'{"ready": true}\n')
     replies.flush()
     for line in requests:
@@ -67,6 +70,7 @@ def serve():
             replies.flush()
             continue
         # the child: a process of its own, then the script as __main__; SystemExit ends the interpreter normally
+        replies.close()
         if request["new_session"]:
             os.setsid()
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -1,18 +1,18 @@
-"""`python train.py ...` for the tests, started warm: a process forked from an interpreter that has imported torch and
-transformers already, instead of a new interpreter that spends 3-4 s importing them again (about 50 runs in the
-suite). The child is a process of its own, as with subprocess: its own pid, session (start_new_session), signals, exit
-code (-9 when killed), environment, working folder and output files; the script runs as __main__ (runpy), as
-`python SCRIPT` or `python -m MODULE` would run it.
+"""`python train.py ...` for the tests, started warm: a process forked from an interpreter that has imported torch,
+transformers and vllm already, instead of a new interpreter that spends 3-9 s importing them again (about 50 runs in
+the suite). The child is a process of its own, as with subprocess: its own pid, session (start_new_session), signals,
+exit code (-9 when killed), environment, working folder and output files; the script runs as __main__ (runpy), as
+`python SCRIPT`, `python -m MODULE` or `python -c CODE` would run it.
 
 What differs from a fresh interpreter, and why it does not matter here:
-- torch and transformers were imported under the test worker's environment, so a variable they read at import (thread
-  counts, ATEN_CPU_CAPABILITY, anything TORCH_/VLLM_/PYTHON...) is honoured only by a real subprocess: run() and
-  Popen() fall back to one when the environment asked for changes such a variable (IMPORT_TIME_PREFIXES);
+- torch, transformers and vllm were imported under the test worker's environment, so a variable they read at import
+  (thread counts, ATEN_CPU_CAPABILITY, anything TORCH_/VLLM_/PYTHON...) is honoured only by a real subprocess: run()
+  and popen() fall back to one when the environment they are given changes such a variable (IMPORT_TIME_PREFIXES);
 - str hashing is seeded once per server, so two warm runs share it where two interpreters would not (nothing in a
   run's numbers may depend on set order; the suite's bad-input and kill-before-torch checks keep real subprocesses);
 - SIGINT raises KeyboardInterrupt in the child whatever the worker ignores (a shell that starts the suite in the
-  background leaves it ignored, and a Ctrl-C test needs it); a
-  preexec_fn (a resource limit, say) is honoured by a real subprocess only, so one given means a real subprocess.
+  background leaves it ignored, and a Ctrl-C test needs it); a preexec_fn (a resource limit, say) is honoured by a
+  real subprocess only, so one given means a real subprocess.
 
 The server (this file run as a script) reads one JSON request per line: start (fork a child, answer its pid) or wait
 (its exit code, or None after a timeout). One server per test worker, started at first use, ended with the worker.

@@ -287,7 +287,7 @@ def test_two_rank_run_logs_once_and_resumes_on_one_rank(tmp_path, tiny_model_pat
     assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)
 
     done = warm.run([sys.executable, "train.py", *flags, "--max-steps", "3", "--sampler", "hf", "--resume"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+                    cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed from" in done.stdout and "saved by 2 rank(s), now 1" in done.stdout
     assert [json.loads(line)["step"] for line in open(run / "metrics.jsonl")] == [1, 2, 3]

@@ -90,8 +90,8 @@ def test_loader_errors_name_the_problem(tmp_path):
 def test_end_to_end_on_the_tiny_model(tmp_path, tiny_model_path):
     out = tmp_path / "results.json"
     run = warm.run([sys.executable, "evaluate.py", "--model", "tiny", "--benchmarks", "arith", "--k", "4",
-                          "--limit", "40", "--output", str(out), "--responses"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+                    "--limit", "40", "--output", str(out), "--responses"],
+                   cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads(out.read_text())
     arith = results["benchmarks"]["arith"]
@@ -304,14 +304,14 @@ def test_seed_of_re_derives_a_runs_held_out_score_sample_for_sample(tmp_path, ti
                                 for p in tiny.TASKS["arith"].held_out()[:40]))
     run = tmp_path / "run"
     trained = warm.run([sys.executable, "train.py", "--gen-prompts", "8", "--n", "4", "--max-steps", "1",
-                              "--eval-every", "1", "--no-eval-before-train", "--eval-data", str(problems),
-                              "--sampler", "vllm", "--log-samples-every", "0", "--output-dir", str(run)],
-                             cwd=ROOT, capture_output=True, text=True, timeout=900)
+                        "--eval-every", "1", "--no-eval-before-train", "--eval-data", str(problems),
+                        "--sampler", "vllm", "--log-samples-every", "0", "--output-dir", str(run)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert trained.returncode == 0, trained.stderr[-3000:]
     row = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     out = tmp_path / "eval.json"
     done = warm.run([sys.executable, "evaluate.py", "--seed-of", str(run), "1", "--responses", "--output",
-                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+                     str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())
     assert results["settings"]["dtype"] == "float32" and results["settings"]["seed"] == row["eval_seed"]

@@ -6,6 +6,7 @@ test_runfolder.py beside Ctrl-C)."""
 import json
 import os
 import shutil
+import subprocess
 import sys
 import threading
 
@@ -224,8 +225,8 @@ def test_runfolder_export_prints_its_error(tmp_path, tiny_checkpoint):
     shard = copy_checkpoint(tiny_checkpoint, tmp_path / "no-shard")
     os.remove(os.path.join(shard, "__0_0.distcp"))
     done = warm.run([sys.executable, "-m", "cegppo_utils.runfolder", "export", shard, str(tmp_path / "out")],
-                          cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                    cwd=ROOT,
+                    capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1] == \
         f"runfolder.py: error: {shard}: shard __0_0.distcp is missing (1 of 1); the checkpoint is incomplete"
@@ -245,17 +246,17 @@ def read_only(tmp_path):
                 os.chmod(d, 0o555)
             return str(copy)
         (tmp_path / "ro").mkdir()
-        if warm.run(["mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", str(tmp_path / "ro")],
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", str(tmp_path / "ro")],
                           capture_output=True).returncode != 0:
             pytest.skip("cannot mount a read-only file system here")
         mounts.append(str(tmp_path / "ro"))
         shutil.copytree(folder, copy)
-        assert warm.run(["mount", "-o", "remount,ro", str(tmp_path / "ro")], capture_output=True).returncode == 0
+        assert subprocess.run(["mount", "-o", "remount,ro", str(tmp_path / "ro")], capture_output=True).returncode == 0
         return str(copy)
 
     yield make
     for m in mounts:
-        warm.run(["umount", "-l", m], capture_output=True)
+        subprocess.run(["umount", "-l", m], capture_output=True)
     for d, _, _ in os.walk(tmp_path / "ro"):
         os.chmod(d, 0o755)
 
@@ -687,7 +688,7 @@ def before_torch(tmp_path, argv, **env):
     """`python train.py ARGV` where torch and transformers cannot be imported: (exit code, stdout + stderr)."""
     from test_bad_input import without_torch
     done = warm.run([sys.executable, "train.py", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**without_torch(tmp_path), **env})
+                    env={**without_torch(tmp_path), **env})
     return done.returncode, done.stdout + done.stderr
 
 

@@ -77,9 +77,9 @@ def test_nan_weights_stop_the_run_before_anything_is_saved(tmp_path, monkeypatch
     """A weight that turns non-finite in an optimizer step (the loss and gradient norm of that step were finite) stops
     the run before any checkpoint or final/ is written. The issue's command (--lr inf) is now refused at start."""
     refused = warm.run([sys.executable, "train.py", *SMALL, "--lr", "inf",
-                              "--train-prompts", "4", "--mini-batch-prompts",
-                              "4", "--max-steps", "4", "--save-every", "2", "--output-dir", str(tmp_path / "inf")],
-                             cwd=ROOT, capture_output=True, text=True, timeout=600)
+                        "--train-prompts", "4", "--mini-batch-prompts",
+                        "4", "--max-steps", "4", "--save-every", "2", "--output-dir", str(tmp_path / "inf")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert refused.returncode == 2 and "--lr must be > 0 and at most 1" in refused.stderr
     assert not os.path.exists(tmp_path / "inf" / "checkpoints")
 
@@ -173,14 +173,14 @@ def small_disk(tmp_path):
     """A real 3 MiB file system (tmpfs; needs root), or None where one cannot be mounted."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    if os.geteuid() != 0 or warm.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)],
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)],
                                            capture_output=True).returncode != 0:
         yield None
         return
     try:
         yield disk
     finally:
-        warm.run(["umount", "-l", str(disk)], capture_output=True)
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 def test_a_really_full_disk_stops_in_one_line_and_keeps_the_last_good_checkpoint(tmp_path, small_disk, monkeypatch):
@@ -432,7 +432,7 @@ def test_sigterm_ends_like_ctrl_c_and_resume_goes_on(tmp_path, tiny_model_path):
     run. It asks for the tiny model its train.py trains on, as every test that trains does."""
     out = tmp_path / "run"
     done = warm.run([sys.executable, "train.py", *FAST, "--output-dir", str(out)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "TRAIN_TERMINATE_AT": "sampling:3"})
+                    text=True, timeout=600, env={**os.environ, "TRAIN_TERMINATE_AT": "sampling:3"})
     lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("train:")]
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert lines[-1] == (f"train.py: terminated (SIGTERM); "
@@ -519,13 +519,13 @@ def test_a_finished_run_is_answered_before_torch_loads(tmp_path):
     recorded_run(run, ["--max-steps", "4"], steps=[2, 4], final=True)
     env = without_torch(tmp_path)
     done = warm.run([sys.executable, "train.py", "--resume", str(run)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env=env)
+                    text=True, timeout=120, env=env)
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout == (f"train.py: {run} finished at step 4; nothing to resume. Its policy is in {run}/final; to "
                            f"train on, raise --max-steps: .venv/bin/python train.py --resume {run} "
                            f"--max-steps N (N > 4)\n")
     on = warm.run([sys.executable, "train.py", "--resume", str(run), "--max-steps", "6"], cwd=ROOT,
-                        capture_output=True, text=True, timeout=120, env=env)
+                  capture_output=True, text=True, timeout=120, env=env)
     assert on.returncode != 0 and "torch was imported" in on.stderr  # past the answers, into the run's imports
 
 
@@ -552,7 +552,7 @@ def test_a_live_runs_folder_is_answered_in_use_first(tmp_path, capsys):
         code, err = run_train_in_process(["train.py", "--output-dir", str(run), "--max-steps", "2"], capsys)
         assert code == 2 and in_use in err and "holds a run" not in err, err
         resumed = warm.run([sys.executable, "train.py", "--resume", str(run)], cwd=ROOT, capture_output=True,
-                                 text=True, timeout=120, env=without_torch(tmp_path))
+                           text=True, timeout=120, env=without_torch(tmp_path))
         assert resumed.returncode == 2 and resumed.stderr.startswith(f"train.py: error: {in_use}"), resumed.stderr
     finally:
         holder.kill()

@@ -50,7 +50,7 @@ def test_a_two_step_study_runs_resumes_and_reports(tmp_path, tiny_model_path):
     bad = warm.run(cmd[:3] + ["--configs", "grpo,nope"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown config(s) ['nope']" in bad.stderr
     missing = warm.run(cmd + ["--plot-only", "--mechanism", str(tmp_path / "none.json")], cwd=ROOT,
-                             capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "--mechanism: no such file" in missing.stderr
 
 

@@ -27,7 +27,7 @@ FIELDS = ["step", "reward_mean", "acc_mean", "entropy", "clip_frac_low_neg", "cl
 
 def run_train(output_dir, *extra):
     out = warm.run([sys.executable, "train.py", *SMALL, "--output-dir", str(output_dir), *extra],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+                   cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
@@ -551,8 +551,8 @@ def test_eval_acc_is_what_evaluate_py_reports(tmp_path, tiny_model_path):
     row = read_metrics(tmp_path / "run")[0]
     out = tmp_path / "eval.json"
     done = warm.run([sys.executable, "evaluate.py", "--model", str(tmp_path / "run" / "final"), "--benchmarks",
-                           str(problems), "--sampler", "hf", "--seed", str(row["eval_seed"]), "--output", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+                     str(problems), "--sampler", "hf", "--seed", str(row["eval_seed"]), "--output", str(out)],
+                    cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())["benchmarks"][str(problems)]
     assert result["k"] == 8 and len(result["problems"]) == len(data.load_benchmark(str(problems)))
@@ -646,18 +646,18 @@ def test_evaluation_from_step_0_and_checkpoints_evaluable_as_they_are(tmp_path, 
                    for r in records) / len(records) == pytest.approx(rows[step]["eval_acc"])
     checkpoint = tmp_path / "run" / "checkpoints" / "step_000002"
     done = warm.run([sys.executable, "evaluate.py", "--model", str(checkpoint), "--benchmarks", "arith",
-                           "--k", "1",
-                           "--limit", "4", "--max-tokens", "24", "--sampler", "hf",
-                           "--output", str(tmp_path / "r.json")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+                     "--k", "1",
+                     "--limit", "4", "--max-tokens", "24", "--sampler", "hf",
+                     "--output", str(tmp_path / "r.json")],
+                    cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     from safetensors.torch import load_file
     exported, final = load_file(checkpoint / "hf" / "model.safetensors"), final_state(tmp_path / "run")
     for k in final:
         torch.testing.assert_close(exported[k], final[k])
     again = warm.run([sys.executable, "evaluate.py", "--model", "tiny", "--benchmarks", "arith", "--k", "1",
-                            "--output", str(tmp_path / "r.json")],
-                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+                      "--output", str(tmp_path / "r.json")],
+                     cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "exists; pass --overwrite" in again.stderr
 
 
@@ -681,9 +681,9 @@ def test_a_stale_sampler_stops_the_run_with_one_line(sampler, tmp_path, tiny_mod
     code = (f"import copy, sys\nimport rollout\n{STALE[sampler]}\nimport train\n"
             f"train.run(sys.argv[1:])")
     out = warm.run([sys.executable, "-c", code, *SMALL, "--sampler", sampler, "--max-steps", "3",
-                          "--save-every", "1",
-                          "--log-samples-every", "0", "--output-dir", str(tmp_path)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=600)
+                    "--save-every", "1",
+                    "--log-samples-every", "0", "--output-dir", str(tmp_path)], cwd=ROOT, capture_output=True,
+                   text=True, timeout=600)
     last = out.stderr.strip().splitlines()[-1]
     assert out.returncode == 1, out.stderr[-3000:]
     stopped = int(last.split()[2].rstrip(":"))  # caught once the policy drifted past the tolerance: step 2 or 3
@@ -847,8 +847,8 @@ def test_a_run_killed_during_an_evaluation_evaluates_that_step_on_resume(tmp_pat
     run_train(tmp_path / "straight", *two)
     env = {**os.environ, "TRAIN_CRASH_AT": "evaluation:2"}
     killed = warm.run([sys.executable, "train.py", *SMALL, *two, "--output-dir", str(tmp_path / "killed")],
-                            cwd=ROOT,
-                            capture_output=True, text=True, timeout=600, env=env)
+                      cwd=ROOT,
+                      capture_output=True, text=True, timeout=600, env=env)
     assert killed.returncode == -9 and [r["step"] for r in read_metrics(tmp_path / "killed")] == [1]
     run_train(tmp_path / "killed", *two, "--resume")
     want, got = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "killed")

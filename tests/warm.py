@@ -20,6 +20,7 @@ The server (this file run as a script) reads one JSON request per line: start (f
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,7 +39,6 @@ def serve():
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     import runpy
-    import signal
     import traceback
 
     import numpy  # noqa: F401
@@ -147,20 +147,13 @@ def warm_argv(args, env):
 
 class Popen:
     """subprocess.Popen for a warm run: pid, wait(timeout), poll(), send_signal, kill, returncode. stdout and stderr:
-    open files (written from their end) or None (the worker's, unread)."""
+    open files (written from their end) or None (discarded)."""
 
     def __init__(self, args, argv, cwd, env, stdout, stderr, start_new_session):
         self.args, self.returncode = args, None
-        self._null = None
-        paths = []
-        for stream in (stdout, stderr):
-            if stream is None:
-                self._null = self._null or tempfile.mkstemp(prefix="warm-", suffix=".out")[1]
-                paths.append(self._null)
-            else:
-                paths.append(stream.name)
+        out, err = (os.devnull if stream is None else stream.name for stream in (stdout, stderr))
         self.pid = _ask({"op": "start", "argv": argv, "cwd": os.fspath(cwd or os.getcwd()), "env": env,
-                         "stdout": paths[0], "stderr": paths[1], "new_session": start_new_session})["pid"]
+                         "stdout": out, "stderr": err, "new_session": start_new_session})["pid"]
 
     def wait(self, timeout=None):
         if self.returncode is None:
@@ -168,8 +161,6 @@ class Popen:
             if code is None:
                 raise subprocess.TimeoutExpired(self.args, timeout)
             self.returncode = code
-            if self._null:
-                os.unlink(self._null)
         return self.returncode
 
     def poll(self):
@@ -183,7 +174,6 @@ class Popen:
             os.kill(self.pid, signum)
 
     def kill(self):
-        import signal
         self.send_signal(signal.SIGKILL)
 
 

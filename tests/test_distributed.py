@@ -1,4 +1,6 @@
-"""train.py under torchrun: FSDP2 over 2 CPU ranks (gloo) must train exactly as one process does."""
+"""train.py under torchrun: FSDP2 over 2 CPU ranks (gloo) must train exactly as one process does. The ranks start warm
+(tests/warm.py: forked with torchrun's variables, 10-20 s of imports fewer a launch);
+test_more_ranks_than_held_out_problems launches train.py under torchrun itself."""
 
 import json
 import math
@@ -90,15 +92,21 @@ def enough_devices(nproc):
         pytest.skip(f"{nproc} ranks need {nproc} GPUs here; {torch.cuda.device_count()} answer")
 
 
-def torchrun(nproc, *argv, timeout=600):
+def torchrun(nproc, *argv, timeout=600, launcher=warm.torchrun):
+    """The ranks' launch, warm (tests/warm.py) unless launcher is real_torchrun; a failure's output in the message."""
     enough_devices(nproc)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *argv]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}  # the worker scripts import the root's
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    out = launcher(nproc, argv, cwd=ROOT, env=env, timeout=timeout)
     if out.returncode != 0:  # pytest.fail keeps the text whole (an assertion message's repr is cut short)
         pytest.fail(f"torchrun exited {out.returncode}\n--- stdout (tail)\n{out.stdout[-2000:]}\n--- stderr (tail)\n"
                     f"{out.stderr[-6000:]}", pytrace=False)
     return out
+
+
+def real_torchrun(nproc, argv, cwd, env, timeout):
+    """`python -m torch.distributed.run --standalone --nproc-per-node=NPROC ARGV`, its elastic agent and all."""
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                           *argv], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def run_worker(tmp_path, model, world):
@@ -106,8 +114,8 @@ def run_worker(tmp_path, model, world):
     script = tmp_path / f"worker-{world}.py"
     script.write_text(WORKER.format(root=ROOT, model=model, algos=ALGOS, out=str(out)))
     if world == 1:
-        done = subprocess.run([sys.executable, str(script)], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
-                              capture_output=True, text=True, timeout=600)
+        done = warm.run([sys.executable, str(script)], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                        capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-4000:]
     else:
         torchrun(world, str(script))
@@ -351,7 +359,7 @@ def test_more_ranks_than_held_out_problems(tmp_path, tiny_model_path):
     out = torchrun(2, "train.py", "--preset", "tiny", "--gen-prompts", "2", "--train-prompts", "2", "--group-size", "2",
                    "--mini-batch-prompts", "2", "--micro-batch-size", "4", "--max-steps", "1", "--eval-data", str(one),
                    "--eval-before-train", "--eval-every", "1", "--sampler", "hf", "--log-samples-every", "0",
-                   "--output-dir", str(run))
+                   "--output-dir", str(run), launcher=real_torchrun)  # the suite's one train.py under torchrun itself
     assert "ranks: 2" in out.stdout
     rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1] and all("eval_acc" in r for r in rows)

@@ -4,11 +4,10 @@ rule; the memory claim in a fresh process."""
 
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+import warm
 from conftest import ROOT
 
 from cegppo_utils import attention
@@ -636,10 +635,9 @@ distributed.end_process()  # barrier, destroy, exit without finalizing: see ther
 def test_fsdp2_two_ranks_fused_matches_one_process_reference(tmp_path):
     script = tmp_path / "fsdp_worker.py"
     script.write_text(FSDP_WORKER)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "OMP_NUM_THREADS": "1",
-                              "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])})
+    out = warm.torchrun(2, [script], cwd=ROOT, timeout=300,
+                        env={**os.environ, "OMP_NUM_THREADS": "1",
+                             "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])})
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
     assert "FSDP-OK" in out.stdout
 

@@ -1,5 +1,6 @@
 """tests/warm.py, which the suite's train.py and tool runs go through: a warm run answers as a subprocess would (exit
-codes, signals, output, environment, working folder), and what it cannot honour goes to a real subprocess."""
+codes, signals, output, environment, working folder), ranks rendezvous as under torchrun, and what it cannot honour goes
+to a real subprocess."""
 
 import os
 import signal
@@ -46,3 +47,40 @@ def test_a_warm_popen_can_be_signalled_and_waited_for(tmp_path):
         assert process.wait(timeout=30) == -signal.SIGTERM
         out.seek(0)
         assert out.read() == "up\n"
+
+
+RANK = r'''
+import os, sys, time
+warm = "torch" in sys.modules
+import torch
+import torch.distributed as dist
+import helper  # from PYTHONPATH, after the script's folder
+dist.init_process_group("gloo")
+total = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(total)
+print(os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_WORLD_SIZE"],
+      int(total.item()), helper.NAME, warm, flush=True)
+if sys.argv[1] == "fail":
+    if dist.get_rank() == 1:
+        sys.exit(3)
+    time.sleep(120)  # rank 0 would wait for ever: the launch stops it
+dist.destroy_process_group()
+'''
+
+
+def test_warm_ranks_rendezvous_as_torchrun_starts_them_and_one_failing_stops_the_rest(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))  # as under -n 2: nothing to change
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "helper.py").write_text("NAME = 'helper'\n")
+    (tmp_path / "rank.py").write_text(RANK)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "lib")}
+    done = warm.torchrun(3, [tmp_path / "rank.py", "pass"], env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == [f"{r} {r} 3 3 6 helper True" for r in range(3)]  # 1 + 2 + 3 on each
+    start = time.monotonic()
+    failed = warm.torchrun(2, [tmp_path / "rank.py", "fail"], env=env, timeout=120)
+    assert failed.returncode == 1 and "rank 1 exited 3" in failed.stderr, failed.stderr
+    assert time.monotonic() - start < 60  # rank 0 was stopped, not waited for
+    (tmp_path / "fresh.py").write_text("import sys, os; print('torch' in sys.modules, os.environ['WORLD_SIZE'])")
+    fresh = warm.torchrun(2, [tmp_path / "fresh.py"], env={**env, "OMP_NUM_THREADS": "2"}, timeout=120)
+    assert fresh.stdout == "False 2\n" * 2  # the real torchrun, where an import would read the environment

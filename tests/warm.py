@@ -10,9 +10,15 @@ What differs from a fresh interpreter, and why it does not matter here:
   and popen() fall back to one when the environment they are given changes such a variable (IMPORT_TIME_PREFIXES);
 - str hashing is seeded once per server, so two warm runs share it where two interpreters would not (nothing in a
   run's numbers may depend on set order; the suite's bad-input and kill-before-torch checks keep real subprocesses);
+- PYTHONPATH is honoured where the script's own modules are looked up (after its folder, as an interpreter puts it);
+  the libraries imported already came from the server's path;
 - SIGINT raises KeyboardInterrupt in the child whatever the worker ignores (a shell that starts the suite in the
   background leaves it ignored, and a Ctrl-C test needs it); a preexec_fn (a resource limit, say) is honoured by a
   real subprocess only, so one given means a real subprocess.
+
+torchrun() launches a script's ranks the same way: one warm child per rank with the variables torchrun gives a rank
+on one node (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, ...), rank 0 serving the rendezvous store where
+torchrun's agent would. The suite keeps one launch of train.py under the real torchrun (test_distributed.py).
 
 The server (this file run as a script) reads one JSON request per line: start (fork a child, answer its pid) or wait
 (its exit code, or None after a timeout). One server per test worker, started at first use, ended with the worker.
@@ -21,6 +27,7 @@ The server (this file run as a script) reads one JSON request per line: start (f
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +61,8 @@ def serve():
         import vllm.entrypoints.llm  # noqa: F401
     except ImportError:
         pass
+    own = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    library_path = [p for p in sys.path[1:] if os.path.abspath(p) not in own]  # the path a child starts from
     requests = sys.stdin.buffer
     replies.write(b'{"ready": true}\n')
     replies.flush()
@@ -82,6 +91,8 @@ def serve():
         for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
             os.dup2(os.open(path, os.O_WRONLY | os.O_APPEND), fd)
         argv = request["argv"]
+        sys.path[1:] = [os.path.abspath(p) for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p] \
+            + library_path
         try:
             if argv[0] == "-c":
                 sys.argv, sys.path[0] = ["-c", *argv[2:]], ""
@@ -139,7 +150,7 @@ def warm_argv(args, env):
     args = [os.fspath(a) for a in args]
     if len(args) < 2 or args[0] != sys.executable or not (args[1] in ("-m", "-c") or args[1].endswith(".py")):
         return None
-    changed = {k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k)}
+    changed = {k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k)} - {"PYTHONPATH"}
     if any(k.startswith(IMPORT_TIME_PREFIXES) for k in changed):
         return None
     return args[1:]
@@ -211,6 +222,56 @@ def run(args, cwd=None, env=None, timeout=None, capture_output=False, text=False
             data = f.read() if capture_output else None
             outputs.append(data.decode(errors="replace") if text and data is not None else data)
     return subprocess.CompletedProcess(args, process.returncode, *outputs)
+
+
+def torchrun(nproc, argv, cwd=None, env=None, timeout=None):
+    """`python -m torch.distributed.run --standalone --nproc-per-node=NPROC ARGV` (its stdout and stderr captured as
+    text), the ranks started warm. As torchrun: OMP_NUM_THREADS=1 unless set; the ranks' output interleaved on one
+    stdout and one stderr; when a rank fails the others get SIGTERM (SIGKILL 10 s on) and the launch answers 1. A
+    timeout stops every rank and raises TimeoutExpired. Where the environment changes what an import reads, the
+    real torchrun runs."""
+    env = {"OMP_NUM_THREADS": "1", **(os.environ if env is None else env)}
+    argv = [os.fspath(a) for a in argv]
+    script = warm_argv([sys.executable, *argv], env)
+    if script is None:
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               f"--nproc-per-node={nproc}", *argv], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    with socket.socket() as probe:  # a free port for rank 0's store, as --standalone picks one
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    node = {"WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
+            "ROLE_NAME": "default", "ROLE_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with tempfile.NamedTemporaryFile(prefix="warm-") as out, tempfile.NamedTemporaryFile(prefix="warm-") as err:
+        ranks = [Popen(argv, script, cwd, {**env, **node, "RANK": str(r), "LOCAL_RANK": str(r), "ROLE_RANK": str(r)},
+                       out, err, True) for r in range(nproc)]
+        try:
+            while None in (codes := [rank.poll() for rank in ranks]) and not any(codes):  # every rank asked
+                if deadline is not None and time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(argv, timeout)
+                time.sleep(0.05)
+        finally:
+            stop(ranks)
+        failed = [(r, code) for r, code in enumerate(codes) if code]  # the cause, not the ranks stopped for it
+        out.seek(0), err.seek(0)
+        stdout, stderr = (f.read().decode(errors="replace") for f in (out, err))
+    if failed:
+        stderr += "".join(f"warm torchrun: rank {r} exited {code}\n" for r, code in failed)
+    return subprocess.CompletedProcess(argv, 1 if failed else 0, stdout, stderr)
+
+
+def stop(ranks, grace=10.0):
+    """SIGTERM to the ranks still running, SIGKILL to those alive `grace` seconds on; each waited for."""
+    for rank in ranks:
+        if rank.poll() is None:
+            rank.send_signal(signal.SIGTERM)
+    for rank in ranks:
+        try:
+            rank.wait(grace)
+        except subprocess.TimeoutExpired:
+            rank.kill()
+            rank.wait()
 
 
 if __name__ == "__main__":

@@ -84,3 +84,16 @@ def test_warm_ranks_rendezvous_as_torchrun_starts_them_and_one_failing_stops_the
     (tmp_path / "fresh.py").write_text("import sys, os; print('torch' in sys.modules, os.environ['WORLD_SIZE'])")
     fresh = warm.torchrun(2, [tmp_path / "fresh.py"], env={**env, "OMP_NUM_THREADS": "2"}, timeout=120)
     assert fresh.stdout == "False 2\n" * 2  # the real torchrun, where an import would read the environment
+
+
+def test_a_pythonpath_that_shadows_an_imported_library_goes_to_a_real_subprocess(tmp_path):
+    (tmp_path / "stand-ins" / "torch").mkdir(parents=True)
+    (tmp_path / "stand-ins" / "torch" / "__init__.py").write_text("raise ImportError('the stand-in')\n")
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "mine.py").write_text("NAME = 'mine'\n")
+    code = "import sys, mine; print(mine.NAME, 'torch' in sys.modules); import torch"
+    warm_run = run(code, env={**os.environ, "PYTHONPATH": str(tmp_path / "own")})
+    assert (warm_run.returncode, warm_run.stdout) == (0, "mine True\n")
+    both = os.pathsep.join([str(tmp_path / "stand-ins"), str(tmp_path / "own")])
+    shadowed = run(code, env={**os.environ, "PYTHONPATH": both})
+    assert shadowed.stdout == "mine False\n" and "the stand-in" in shadowed.stderr

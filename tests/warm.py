@@ -25,6 +25,7 @@ The server (this file run as a script) reads one JSON request per line: start (f
 """
 
 import gc
+import importlib
 import json
 import os
 import signal
@@ -37,6 +38,11 @@ import time
 
 IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "ATEN_", "TORCH", "PYTORCH", "CUDA", "VLLM_", "PYTHON", "LD_", "HF_",
                         "TRANSFORMERS", "TOKENIZERS", "KMP_", "GOMP_")
+
+ENGINE_MODULES = ("vllm.v1.engine.core", "vllm.v1.engine.llm_engine", "vllm.v1.executor.uniproc_executor",
+                  "vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner", "vllm.model_executor.models.qwen2",
+                  "vllm.model_executor.model_loader", "vllm.v1.attention.backends.cpu_attn",
+                  "vllm.entrypoints.launchers.cli_args", "compressed_tensors")
 
 
 # --- the server ---------------------------------------------------------------------------------------------------
@@ -62,6 +68,11 @@ def serve():
         import vllm.entrypoints.llm  # noqa: F401
     except ImportError:
         pass
+    for name in ENGINE_MODULES:  # what starting an engine imports on its way: ~1 s of each vLLM run otherwise
+        try:
+            importlib.import_module(name)
+        except ImportError:  # another vLLM's layout: that run imports it itself
+            pass
     own = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     library_path = [p for p in sys.path[1:] if os.path.abspath(p) not in own]  # the path a child starts from
     requests = sys.stdin.buffer

@@ -5,7 +5,6 @@ test_more_ranks_than_held_out_problems launches train.py under torchrun itself."
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
@@ -93,7 +92,8 @@ def enough_devices(nproc):
 
 
 def torchrun(nproc, *argv, timeout=600, launcher=warm.torchrun):
-    """The ranks' launch, warm (tests/warm.py) unless launcher is real_torchrun; a failure's output in the message."""
+    """The ranks' launch, warm (tests/warm.py) unless launcher is warm.real_torchrun; a failure's output in the
+    message."""
     enough_devices(nproc)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}  # the worker scripts import the root's
     out = launcher(nproc, argv, cwd=ROOT, env=env, timeout=timeout)
@@ -101,12 +101,6 @@ def torchrun(nproc, *argv, timeout=600, launcher=warm.torchrun):
         pytest.fail(f"torchrun exited {out.returncode}\n--- stdout (tail)\n{out.stdout[-2000:]}\n--- stderr (tail)\n"
                     f"{out.stderr[-6000:]}", pytrace=False)
     return out
-
-
-def real_torchrun(nproc, argv, cwd, env, timeout):
-    """`python -m torch.distributed.run --standalone --nproc-per-node=NPROC ARGV`, its elastic agent and all."""
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                           *argv], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def run_worker(tmp_path, model, world):
@@ -359,7 +353,8 @@ def test_more_ranks_than_held_out_problems(tmp_path, tiny_model_path):
     out = torchrun(2, "train.py", "--preset", "tiny", "--gen-prompts", "2", "--train-prompts", "2", "--group-size", "2",
                    "--mini-batch-prompts", "2", "--micro-batch-size", "4", "--max-steps", "1", "--eval-data", str(one),
                    "--eval-before-train", "--eval-every", "1", "--sampler", "hf", "--log-samples-every", "0",
-                   "--output-dir", str(run), launcher=real_torchrun)  # the suite's one train.py under torchrun itself
+                   "--output-dir", str(run),
+                   launcher=warm.real_torchrun)  # the suite's one train.py under torchrun itself
     assert "ranks: 2" in out.stdout
     rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1] and all("eval_acc" in r for r in rows)

@@ -270,9 +270,7 @@ def torchrun(nproc, argv, cwd=None, env=None, timeout=None):
     argv = [os.fspath(a) for a in argv]
     script = warm_argv([sys.executable, *argv], env)
     if script is None:
-        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                               f"--nproc-per-node={nproc}", *argv], cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        return real_torchrun(nproc, argv, cwd, env, timeout)
     with socket.socket() as probe:  # a free port for rank 0's store, as --standalone picks one
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -295,6 +293,12 @@ def torchrun(nproc, argv, cwd=None, env=None, timeout=None):
     if failed:
         stderr += "".join(f"warm torchrun: rank {r} exited {code}\n" for r, code in failed)
     return subprocess.CompletedProcess(argv, 1 if failed else 0, stdout, stderr)
+
+
+def real_torchrun(nproc, argv, cwd=None, env=None, timeout=None):
+    """`python -m torch.distributed.run --standalone --nproc-per-node=NPROC ARGV`, its elastic agent and all."""
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                           *map(os.fspath, argv)], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def stop(ranks, grace=10.0):

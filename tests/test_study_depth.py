@@ -2,6 +2,7 @@
 each family's reading, and the pages (committed and passing before the study's first run)."""
 
 import json
+import os
 
 import pytest
 
@@ -52,6 +53,11 @@ def test_family_1_reads_the_cells_as_the_protocol_fixed():
     text = SD.verdicts_page(study)
     assert "The protocol's reading: **the summed movement per batch sets it**." in text
     assert "D: unstable" in text and "B: unstable" in text and "C: stable" in text
+    table = SD.summary_table(study)  # README's table: the same reading, each cell's P1 row with its collapses
+    assert "Family 1's reading, as the protocol fixed it: **the summed movement per batch sets it**." in table
+    assert "| 1 | CE-GPPO (0.5, 1) - PPO-clip (0, 0) | D | P1, final avg@8 (points) | 8 |" in table
+    assert table.count("\n| 1 | ") == 3 and "| unstable | 8 of 8 / 0 of 8 |" in table
+    assert "| stable | 0 of 8 / 0 of 8 |" in table
     study[b[1]] = study[c[1]]
     assert "**the size of each step sets it**" in SD.verdicts_page(study)
     study[d[1]] = study[c[1]]
@@ -98,6 +104,26 @@ def test_family_3_reads_each_beta_against_the_papers_sign():
     assert rows[0]["mean"] == pytest.approx(0.01 + 0.00005, abs=1e-4)
 
 
+def test_readme_carries_the_finished_study_and_nothing_before():
+    """Once every registered run has finished, README's table of the fifth study is summary_table() of the committed
+    JSON, number for number; until then README carries no part of it (an interim look is not a result)."""
+    study = SD.load_study(SD.JSON, "--json")
+    readme = open(os.path.join(SD.ROOT, "README.md")).read()
+    if SD.interim(study):
+        assert "| family | contrast | cell |" not in readme
+    else:
+        assert SD.summary_table(study) in readme
+
+
+def test_training_minutes_by_step_clocks():
+    """200 times the median step clock: a step paused for an hour moves it little; a run without clocks has none."""
+    r = run()
+    for i, row in enumerate(SD.step_rows(r)):
+        row.update(time_rollout_s=1.0, time_reward_s=0.2, time_update_s=3600.0 if i == 5 else 1.8)
+    assert SD.step_clock_minutes(r) == pytest.approx(200 * 3.0 / 60)
+    assert SD.step_clock_minutes(run()) is None
+
+
 def test_the_pages_from_a_json_and_a_bad_one(tmp_path, capsys):
     """report writes the arms page (failed segments named, the truncation per window), the verdicts and the figure;
     a JSON with a non-number where a number belongs is one line and exit code 2."""
@@ -114,7 +140,7 @@ def test_the_pages_from_a_json_and_a_bad_one(tmp_path, capsys):
     assert "| `ce_gppo_0.5_1` | 11 | 11 | 11 |" in arms  # per window: 7 runs at 0%, one at 90%, a mean of 11%
     assert (tmp_path / "pages" / "curves.png").stat().st_size > 10_000
     assert "D: unstable" in (tmp_path / "pages" / "verdicts.md").read_text()
-    for page in ("arms.md", "verdicts.md"):  # seeds 0-7, none of the registered 30-41: each page says it is interim
+    for page in ("arms.md", "verdicts.md", "summary.md"):  # seeds 0-7, none of the registered 30-41: all interim
         assert "**Interim: 0 of the 116 registered runs have finished." in (tmp_path / "pages" / page).read_text()
     complete = {arm: {str(seed): run() for seed in range(30, 42)} for arm in SD.DEPTH_ARMS}
     assert not SD.interim(complete) and len(SD.planned_runs()) == 116

@@ -1,7 +1,7 @@
 """The fifth study's readings, by docs/study-protocol-depth.md, re-derived from its JSON alone (tools/study.py writes
 it from the run folders):
 
-    python -m tools.study_depth     # docs/figures/study-depth/{arms,verdicts}.md and curves.png
+    python -m tools.study_depth     # docs/figures/study-depth/{arms,verdicts,summary}.md and curves.png
 
 Per run: final avg@8 (P1), the lowest 10-step mean training accuracy after step 10 (P2), collapse and its onset (the
 third study's definition), the truncation endpoint (the share of responses that hit the length cap per 10-step window;
@@ -16,6 +16,7 @@ reads what exists so far and says what is missing.
 
 import math
 import os
+import statistics
 
 from cegppo_utils import cli
 from cegppo_utils.data import UserError
@@ -86,6 +87,14 @@ def machine_minutes(run) -> float | None:
     """The machine's time the run took, in minutes: the seconds of its hardware segments (None where none is kept)."""
     seconds = [s.get("seconds") for s in run.get("hardware") or [] if isinstance(s.get("seconds"), (int, float))]
     return sum(seconds) / 60 if seconds else None
+
+
+def step_clock_minutes(run) -> float | None:
+    """The run's training time, robust to a paused or shared machine: STEPS times the median of its steps' clocks
+    (sampling, reward and update seconds), in minutes; evaluations are not in it."""
+    clocks = [sum(r.get(k) or 0.0 for k in ("time_rollout_s", "time_reward_s", "time_update_s"))
+              for r in step_rows(run) if r.get("time_update_s") is not None]
+    return STEPS * statistics.median(clocks) / 60 if clocks else None
 
 
 def failures(run) -> list[str]:
@@ -287,6 +296,45 @@ def family3_section(study: dict) -> list[str]:
                                  f"({confounded['n']} pairs)" if "mean" in confounded else "too few pairs") + ".", ""]
 
 
+LABEL = {"control": "PPO-clip (0, 0)", "0_1": "CE-GPPO (0, 1)", "0.5_1": "CE-GPPO (0.5, 1)", "dapo": "DAPO",
+         "ratio": "ratio-aware (0.5, 1)"}  # each arm's role, as README names it
+
+
+def label(arm: str) -> str:
+    return next(LABEL[role] for roles in ARM.values() for role, a in roles.items() if a == arm)
+
+
+def summary_table(study: dict) -> str:
+    """The study in one table, as README carries it: every registered contrast on its primary endpoint (P1 in
+    families 1 and 2, entropy in family 3), judged within its family as on the verdicts page, with its reading and,
+    for families 1 and 2, the collapses."""
+    cell = {a: c for c, (_, _, arms) in DEPTH_CELLS.items() for a in arms}
+    lines = ["| family | contrast | cell | endpoint | pairs | estimate [95% CI] | MDE | p (Holm) | reading | "
+             "collapsed (arm / control) |", "|---" * 10 + "|"]
+    family1 = [r for r in endpoint_rows(study, [(a, b) for _, a, b in FAMILY1]) if r["endpoint"] == "P1"]
+    family2 = [r for r in endpoint_rows(study, FAMILY2) if r["endpoint"] == "P1"]
+    for family, rows, read in ((1, family1, stability), (2, family2, benefit),
+                               (3, entropy_rows(study), lambda r: r["reading"])):
+        for r in rows:
+            estimate = contrast_cells(r, points if family < 3 else nats).split(" | ")
+            collapsed = incidence_cells(study, r["arm"], r["against"]).split(" | ")[0] if family < 3 else ""
+            endpoint = f"entropy (nats), {r['window']}" if family == 3 else "P1, final avg@8 (points)"
+            lines.append(f"| {family} | {label(r['arm'])} - {label(r['against'])} | {cell[r['arm']]} | {endpoint} | "
+                         f"{estimate[0]} | {estimate[1]} | {estimate[4]} | "
+                         f"{'n/a' if r['holm'] is None else format(r['holm'], '.3g')} | {read(r)} | {collapsed} |")
+    states = {c: stability(r) for (c, _, _), r in zip(FAMILY1, family1)}
+    return "\n".join(lines + ["", f"Family 1's reading, as the protocol fixed it: **{reading(states)}**."])
+
+
+def summary_page(study: dict) -> str:
+    return "\n".join(["# The fifth study in one table", "", *interim(study),
+                      "Cells (optimizer steps per batch): " + "; ".join(cell_of(arms[0]) for _, _, arms in
+                                                                              DEPTH_CELLS.values()) + ". Family 1: "
+                      "is (0.5, 1) unstable in the cell; family 2: better, equivalent within +-5 points, worse or "
+                      "not resolved against PPO-clip; family 3: beta2 and beta1 each varied alone. P2 and the "
+                      "tests' details: [the verdicts](verdicts.md).", "", summary_table(study), ""])
+
+
 def planned_runs() -> list[tuple[str, int]]:
     """(arm, seed) of every run the protocol registered: every cell at DEPTH_SEEDS["all"], cell A also at "A only"."""
     return [(arm, seed) for cell, (_, _, arms) in DEPTH_CELLS.items() for arm in arms
@@ -323,11 +371,13 @@ def cell_of(arm: str) -> str:
 def arms_table(study: dict) -> str:
     lines = ["| cell | arm | runs | collapsed [exact 95% CI] | onsets | no-EOS collapse [exact 95% CI] | its onsets | "
              "truncated, steps 151-200 | P1 final avg@8 [95% CI, logit] | P2, mean | optimizer steps per step | "
-             "entropy, steps 1-200 | minutes, median (range) |", "|---" * 13 + "|"]
+             "entropy, steps 1-200 | machine minutes, median (range) | training minutes by step clocks, median "
+             "(range) |",
+             "|---" * 14 + "|"]
     for arm in DEPTH_ARMS:
         runs = [r for _, r in sorted(finished(study.get(arm, {})).items(), key=lambda kv: int(kv[0]))]
         if not runs:
-            lines.append(f"| {cell_of(arm)} | `{arm}` | 0 | | | | | | | | | | |")
+            lines.append(f"| {cell_of(arm)} | `{arm}` | 0 |" + " |" * 11)
             continue
         onsets, eos = [onset(r) for r in runs], [no_eos_onset(r) for r in runs]
         k, j = sum(o is not None for o in onsets), sum(o is not None for o in eos)
@@ -345,6 +395,7 @@ def arms_table(study: dict) -> str:
         ent = [window_entropy(r, 1, STEPS) for r in runs]
         ent = [x for x in ent if x is not None]
         minutes = sorted(m for m in (machine_minutes(r) for r in runs) if m is not None)
+        clocks = sorted(m for m in (step_clock_minutes(r) for r in runs) if m is not None)
         lines.append(
             f"| {cell_of(arm)} | `{arm}` | {len(runs)} | {k} [{100 * lo:.0f}%, {100 * hi:.0f}%] | "
             f"{', '.join('-' if o is None else str(o) for o in onsets)} | {j} [{100 * elo:.0f}%, {100 * ehi:.0f}%] | "
@@ -352,8 +403,12 @@ def arms_table(study: dict) -> str:
             f"{f'{100 * sum(late) / len(late):.1f}%' if late else 'n/a'} | {p1} | "
             f"{points(sum(lows) / len(lows), False) if lows else 'n/a'} | "
             f"{f'{sum(opt) / len(opt):.2f}' if opt else 'n/a'} | {f'{sum(ent) / len(ent):.4f}' if ent else 'n/a'} | "
-            + (f"{minutes[len(minutes) // 2]:.1f} ({minutes[0]:.1f}-{minutes[-1]:.1f})" if minutes else "n/a") + " |")
+            f"{median_range(minutes)} | {median_range(clocks)} |")
     return "\n".join(lines)
+
+
+def median_range(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.1f} ({min(xs):.1f}-{max(xs):.1f})" if xs else "n/a"
 
 
 def truncation_table(study: dict) -> str:
@@ -383,8 +438,10 @@ def arms_page(study: dict) -> str:
         "Warm start(s) (one block each): " + ", ".join(f"`{h}`" for h in hashes) + f". Finished runs only ({STEPS} "
         "steps). Collapse: the third study's rule (a 10-step mean training accuracy below 5% from step 11 on, or "
         "final avg@8 below 10%). No-EOS collapse: a 10-step mean share of responses that hit the length cap above "
-        "50%. Minutes: the machine's time of the run's segments (one torch thread, two runs at once, evaluations "
-        "included).", "", arms_table(study), "",
+        "50%. Machine minutes: the time of the run's segments (one torch thread, two runs at once, evaluations "
+        "included), which counts any time the machine was paused or shared. Training minutes by step clocks: "
+        f"{STEPS} times the median of a run's step clocks (sampling, reward and update; no evaluation), which a "
+        "pause or a busy spell moves little.", "", arms_table(study), "",
         "Failed segments (a nonzero exit code, reported even where a resume finished the run): "
         + ("; ".join(failed) if failed else "none") + ".", "",
         "Not finished: " + ("; ".join(unfinished) if unfinished else "none") + ".", "",
@@ -424,7 +481,7 @@ def figures(study: dict, folder: str):
     plt.close(fig)
 
 
-OUTPUTS = ("arms.md", "verdicts.md", "curves.png")
+OUTPUTS = ("arms.md", "verdicts.md", "summary.md", "curves.png")
 
 
 def report(json_path: str = JSON, folder: str = FIGURES):
@@ -437,6 +494,7 @@ def report(json_path: str = JSON, folder: str = FIGURES):
     os.makedirs(folder, exist_ok=True)
     write(os.path.join(folder, "arms.md"), arms_page(study))
     write(os.path.join(folder, "verdicts.md"), verdicts_page(study))
+    write(os.path.join(folder, "summary.md"), summary_page(study))
     figures(study, folder)
     return study
 

@@ -131,11 +131,15 @@ def test_the_pages_from_a_json_and_a_bad_one(tmp_path, capsys):
     failed = [{"from_step": 0, "to_step": 200, "seconds": 500.0, "exit_code": 1}]
     study = {"_warm_start": {"sha256": "abc"}, d[0]: arm(lambda s: 0.8),
              d[1]: {**{str(s): collapsed() for s in range(7)}, "7": run(truncated=0.9, hardware=failed)}}
+    study[d[0]]["3"]["hardware"] = [{"from_step": 0, "to_step": 180, "seconds": 400.0, "exit_code": None},
+                                    {"from_step": 175, "to_step": 200, "seconds": 60.0, "exit_code": 0}]
     path = tmp_path / "study.json"
     path.write_text(json.dumps(study))
     SD.main(["--json", str(path), "--figures", str(tmp_path / "pages")])
     arms = (tmp_path / "pages" / "arms.md").read_text()
     assert "`ce_gppo_0.5_1` seed 7: steps 0-200: exit code 1" in arms
+    assert "`ppo_clip_tm` seed 3: steps 0-180, resumed from 175" in arms  # stopped from outside: not a failure
+    assert "`ppo_clip_tm` seed 3: steps 0-180: exit" not in arms
     assert "| D (8 steps, lr 2e-4) | `ce_gppo_0.5_1` | 8 | 7 [47%, 100%] |" in arms
     assert "| `ce_gppo_0.5_1` | 11 | 11 | 11 |" in arms  # per window: 7 runs at 0%, one at 90%, a mean of 11%
     assert (tmp_path / "pages" / "curves.png").stat().st_size > 10_000

@@ -104,6 +104,14 @@ def failures(run) -> list[str]:
             for s in run.get("hardware") or [] if s.get("exit_code") not in (0, None)]
 
 
+def interruptions(run) -> list[str]:
+    """The run's segments stopped from outside (no exit code: a session's end, a kill) that a later segment resumed
+    from a checkpoint, as "steps a-b, resumed from c": a resumed run repeats exactly, so these are not failures."""
+    segments = run.get("hardware") or []
+    return [f"steps {s.get('from_step')}-{s.get('to_step')}, resumed from {nxt.get('from_step')}"
+            for s, nxt in zip(segments, segments[1:]) if s.get("exit_code") is None]
+
+
 # --- contrasts -----------------------------------------------------------------------------------------------------
 
 def summary(diffs: list[float]) -> dict:
@@ -430,6 +438,8 @@ def arms_page(study: dict) -> str:
                      for run in runs.values()})
     failed = [f"`{arm}` seed {seed}: {'; '.join(failures(run))}" for arm in DEPTH_ARMS
               for seed, run in sorted(study.get(arm, {}).items(), key=lambda kv: int(kv[0])) if failures(run)]
+    resumed = [f"`{arm}` seed {seed}: {'; '.join(interruptions(run))}" for arm in DEPTH_ARMS
+               for seed, run in sorted(study.get(arm, {}).items(), key=lambda kv: int(kv[0])) if interruptions(run)]
     unfinished = [f"`{arm}` seed {seed} ({run['steps_done']} steps)" for arm in DEPTH_ARMS
                   for seed, run in sorted(study.get(arm, {}).items(), key=lambda kv: int(kv[0]))
                   if run["steps_done"] < STEPS]
@@ -444,6 +454,9 @@ def arms_page(study: dict) -> str:
         "pause or a busy spell moves little.", "", arms_table(study), "",
         "Failed segments (a nonzero exit code, reported even where a resume finished the run): "
         + ("; ".join(failed) if failed else "none") + ".", "",
+        "Stopped from outside and resumed from the last checkpoint (a session's end; steps after the checkpoint run "
+        "again, and a run repeats exactly on one machine, so one row per step is kept): "
+        + ("; ".join(resumed) if resumed else "none") + ".", "",
         "Not finished: " + ("; ".join(unfinished) if unfinished else "none") + ".", "",
         "## The truncation endpoint: share of responses that hit the length cap, per 10-step window (%)", "",
         truncation_table(study)])

@@ -106,7 +106,7 @@ def failures(run) -> list[str]:
 
 def interruptions(run) -> list[str]:
     """The run's segments stopped from outside (no exit code: a session's end, a kill) that a later segment resumed
-    from a checkpoint, as "steps a-b, resumed from c": a resumed run repeats exactly, so these are not failures."""
+    from a checkpoint, as "steps a-b, resumed from c": not failures, since a resume repeats the run's steps."""
     segments = run.get("hardware") or []
     return [f"steps {s.get('from_step')}-{s.get('to_step')}, resumed from {nxt.get('from_step')}"
             for s, nxt in zip(segments, segments[1:]) if s.get("exit_code") is None]
@@ -454,8 +454,8 @@ def arms_page(study: dict) -> str:
         "pause or a busy spell moves little.", "", arms_table(study), "",
         "Failed segments (a nonzero exit code, reported even where a resume finished the run): "
         + ("; ".join(failed) if failed else "none") + ".", "",
-        "Stopped from outside and resumed from the last checkpoint (a session's end; steps after the checkpoint run "
-        "again, and a run repeats exactly on one machine, so one row per step is kept): "
+        "Stopped from outside and resumed from the last checkpoint (a session's end; the steps after the checkpoint "
+        "ran again, and their second rows are the ones kept): "
         + ("; ".join(resumed) if resumed else "none") + ".", "",
         "Not finished: " + ("; ".join(unfinished) if unfinished else "none") + ".", "",
         "## The truncation endpoint: share of responses that hit the length cap, per 10-step window (%)", "",

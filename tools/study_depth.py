@@ -402,8 +402,8 @@ def arms_table(study: dict) -> str:
         opt = [x for x in opt if x is not None]
         ent = [window_entropy(r, 1, STEPS) for r in runs]
         ent = [x for x in ent if x is not None]
-        minutes = sorted(m for m in (machine_minutes(r) for r in runs) if m is not None)
-        clocks = sorted(m for m in (step_clock_minutes(r) for r in runs) if m is not None)
+        minutes = [m for m in (machine_minutes(r) for r in runs) if m is not None]
+        clocks = [m for m in (step_clock_minutes(r) for r in runs) if m is not None]
         lines.append(
             f"| {cell_of(arm)} | `{arm}` | {len(runs)} | {k} [{100 * lo:.0f}%, {100 * hi:.0f}%] | "
             f"{', '.join('-' if o is None else str(o) for o in onsets)} | {j} [{100 * elo:.0f}%, {100 * ehi:.0f}%] | "
@@ -436,10 +436,12 @@ def truncation_table(study: dict) -> str:
 def arms_page(study: dict) -> str:
     hashes = sorted({run.get("model_sha256") or "unknown" for runs in configurations(study).values()
                      for run in runs.values()})
-    failed = [f"`{arm}` seed {seed}: {'; '.join(failures(run))}" for arm in DEPTH_ARMS
-              for seed, run in sorted(study.get(arm, {}).items(), key=lambda kv: int(kv[0])) if failures(run)]
-    resumed = [f"`{arm}` seed {seed}: {'; '.join(interruptions(run))}" for arm in DEPTH_ARMS
-               for seed, run in sorted(study.get(arm, {}).items(), key=lambda kv: int(kv[0])) if interruptions(run)]
+    def each_run(describe) -> list[str]:  # "`arm` seed s: describe(run)" for every run it describes
+        return [f"`{arm}` seed {seed}: {said}" for arm in DEPTH_ARMS
+                for seed, run in sorted(study.get(arm, {}).items(), key=lambda kv: int(kv[0]))
+                if (said := describe(run))]
+    failed = each_run(lambda run: "; ".join(failures(run)))
+    resumed = each_run(lambda run: "; ".join(interruptions(run)))
     unfinished = [f"`{arm}` seed {seed} ({run['steps_done']} steps)" for arm in DEPTH_ARMS
                   for seed, run in sorted(study.get(arm, {}).items(), key=lambda kv: int(kv[0]))
                   if run["steps_done"] < STEPS]
